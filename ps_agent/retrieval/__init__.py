@@ -1,0 +1,68 @@
+"""Retrieval: the ``Retriever`` protocol, its backends, and spec resolution."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from ps_agent.retrieval.base import Passage, Retriever, SearchOutcome, resilient_search
+from ps_agent.retrieval.bm25 import BM25Retriever
+from ps_agent.retrieval.corpus import (
+    CorpusError,
+    cache_dir,
+    embedded_corpus_path,
+    file_checksum,
+    load_embedded_corpus,
+    load_jsonl_corpus,
+)
+
+__all__ = [
+    "BM25Retriever",
+    "CorpusError",
+    "Passage",
+    "Retriever",
+    "SearchOutcome",
+    "bm25_for_corpus",
+    "resilient_search",
+    "resolve_retriever",
+]
+
+EMBEDDED = "embedded"
+
+
+@functools.lru_cache(maxsize=8)
+def bm25_for_corpus(corpus: str = EMBEDDED) -> BM25Retriever:
+    """A BM25 retriever over a corpus jsonl file, or the embedded corpus; built once, cached on disk."""
+    if corpus == EMBEDDED:
+        source = embedded_corpus_path()
+        passages = load_embedded_corpus()
+    else:
+        source = Path(corpus)
+        passages = load_jsonl_corpus(source)
+    cache = cache_dir() / "bm25" / f"{source.stem}-{file_checksum(source)[:16]}"
+    return BM25Retriever(passages, cache=cache)
+
+
+def resolve_retriever(spec: Any = None) -> Retriever:
+    """A ``Retriever`` from a spec: None or ``"embedded"`` (BM25 over the embedded corpus),
+    a corpus jsonl path, a ``Retriever``, or a LangChain ``BaseRetriever``/``VectorStore``."""
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.vectorstores import VectorStore
+
+    from ps_agent.retrieval.langchain import LangChainRetriever, VectorStoreRetriever
+
+    if spec is None or spec == EMBEDDED:
+        return bm25_for_corpus(EMBEDDED)
+    if isinstance(spec, (str, Path)):
+        return bm25_for_corpus(str(Path(spec).resolve()))
+    if isinstance(spec, BaseRetriever):
+        return LangChainRetriever(spec)
+    if isinstance(spec, VectorStore):
+        return VectorStoreRetriever(spec)
+    if isinstance(spec, Retriever):
+        return spec
+    raise TypeError(
+        f"cannot use {type(spec).__name__} as a retriever: expected None/'embedded', a corpus jsonl path, "
+        "an object with `async asearch(queries, k)`, or a LangChain BaseRetriever or VectorStore"
+    )

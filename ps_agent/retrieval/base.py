@@ -1,0 +1,117 @@
+"""The retrieval seam: one async protocol that searches a batch of queries.
+
+Every backend (BM25, LangChain retrievers and vector stores, later FAISS and the HTTP
+retrieval server) implements ``Retriever``; the agent only ever calls ``resilient_search``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from asyncio_throttle import Throttler
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrieved passage; ``title`` and ``text`` are what the model reads."""
+
+    id: str
+    title: str
+    text: str
+    score: float | None = None
+
+    @classmethod
+    def from_contents(cls, id: str, contents: str, score: float | None = None) -> Passage:
+        """Parse Search-R1/FlashRAG ``contents`` (``"Title"\\ntext``)."""
+        title, _, text = contents.partition("\n")
+        return cls(id=id, title=title.strip().strip('"'), text=text.strip(), score=score)
+
+    @property
+    def contents(self) -> str:
+        """The Search-R1/FlashRAG ``contents`` form of this passage."""
+        return f'"{self.title}"\n{self.text}'
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Searches a batch of queries, returning the top ``k`` passages for each, in order."""
+
+    async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]: ...
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """The result of one resilient search: passages, or the reason it failed."""
+
+    passages: list[Passage]
+    error: str | None
+    attempts: int
+    latency_s: float
+
+
+class SearchFailed(RuntimeError):
+    """A retriever call that may succeed when tried again (timeouts and backend errors)."""
+
+
+_throttlers: dict[tuple[int, int], Throttler] = {}
+
+
+def _throttler(retriever: Retriever, rate_limit: int) -> Throttler:
+    key = (id(retriever), rate_limit)
+    if key not in _throttlers:
+        _throttlers[key] = Throttler(rate_limit=rate_limit, period=1.0)
+    return _throttlers[key]
+
+
+async def resilient_search(
+    retriever: Retriever,
+    query: str,
+    k: int,
+    *,
+    timeout_s: float = 10.0,
+    retries: int = 2,
+    backoff_s: float = 0.2,
+    rate_limit: int | None = None,
+) -> SearchOutcome:
+    """Search one query with a per-attempt timeout, exponential backoff and an optional rate limit.
+
+    Never raises for backend faults: a search that fails every attempt returns its reason,
+    so the agent can tell the model and go on.
+    """
+    start = time.perf_counter()
+    throttler = _throttler(retriever, rate_limit) if rate_limit else None
+    attempts = 0
+
+    async def attempt() -> list[Passage]:
+        nonlocal attempts
+        attempts += 1
+        if throttler is not None:
+            await throttler.acquire()
+        try:
+            async with asyncio.timeout(timeout_s):
+                results = await retriever.asearch([query], k)
+        except TimeoutError as exc:
+            raise SearchFailed(f"timed out after {timeout_s:g} s") from exc
+        except Exception as exc:  # any backend fault is retried, then reported to the model
+            raise SearchFailed(f"{type(exc).__name__}: {exc}") from exc
+        if len(results) != 1:
+            raise SearchFailed(f"retriever returned {len(results)} result lists for 1 query")
+        return list(results[0])[:k]
+
+    try:
+        async for attempt_state in AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=wait_exponential(multiplier=backoff_s, min=backoff_s, max=max(backoff_s, 5.0)),
+            retry=retry_if_exception_type(SearchFailed),
+            reraise=True,
+        ):
+            with attempt_state:
+                passages = await attempt()
+    except SearchFailed as exc:
+        return SearchOutcome([], str(exc), attempts, time.perf_counter() - start)
+    return SearchOutcome(passages, None, attempts, time.perf_counter() - start)

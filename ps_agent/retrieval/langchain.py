@@ -1,0 +1,48 @@
+"""Adapters between LangChain retrieval objects and the ``Retriever`` protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import VectorStore
+
+from ps_agent.retrieval.base import Passage
+from ps_agent.retrieval.corpus import passage_id
+
+
+def document_to_passage(doc: Document, score: float | None = None) -> Passage:
+    """A LangChain ``Document`` as a passage: title from ``metadata['title']`` or the first line."""
+    title = doc.metadata.get("title")
+    text = doc.page_content
+    if title is None:
+        first, _, rest = text.partition("\n")
+        title, text = (first.strip().strip('"'), rest.strip()) if rest else ("", text)
+    pid = doc.id or doc.metadata.get("id") or passage_id(title, text)
+    return Passage(id=str(pid), title=str(title), text=text, score=score)
+
+
+class LangChainRetriever:
+    """Any LangChain ``BaseRetriever`` (its own ``k`` applies; results are cut to ``k``)."""
+
+    def __init__(self, retriever: BaseRetriever) -> None:
+        self.retriever = retriever
+
+    async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        batches = await self.retriever.abatch(list(queries))
+        return [[document_to_passage(d) for d in docs[:k]] for docs in batches]
+
+
+class VectorStoreRetriever:
+    """Any LangChain ``VectorStore``, searched by similarity with scores."""
+
+    def __init__(self, store: VectorStore) -> None:
+        self.store = store
+
+    async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        results = []
+        for query in queries:
+            hits = await self.store.asimilarity_search_with_score(query, k=k)
+            results.append([document_to_passage(doc, float(score)) for doc, score in hits])
+        return results

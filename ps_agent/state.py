@@ -1,0 +1,169 @@
+"""Typed graph state and the trajectory records it accumulates.
+
+Records are plain ``TypedDict``s so that state, outputs and logs are JSON as they stand.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Annotated, Literal, TypedDict
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+
+
+class Segment(TypedDict):
+    """A piece of the response after the prompt: model text, or environment text (observations)."""
+
+    role: Literal["model", "env"]
+    text: str
+    token_ids: list[int] | None
+
+
+class LLMCall(TypedDict):
+    """One policy call: what it saw, what it wrote, and the action it took."""
+
+    turn: int
+    prompt: str
+    completion: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    completion_ids: list[int] | None
+    logprobs: list[float] | None
+    finish_reason: str | None
+    action: Literal["search", "answer", "invalid", "forced_answer"]
+    error: str | None
+    latency_s: float
+
+
+class PassageRef(TypedDict):
+    id: str
+    title: str
+    score: float | None
+
+
+class SubQueryResult(TypedDict):
+    """What one parallel search branch returned."""
+
+    index: int
+    sub_query: str
+    passages: list[PassageRef]
+    texts: list[tuple[str, str]]
+    error: str | None
+    attempts: int
+    latency_s: float
+
+
+class SearchRound(TypedDict):
+    """One search round: the sub-queries the model asked for and what each returned."""
+
+    round: int
+    sub_queries: list[str]
+    searched: list[str]
+    capped_from: int | None
+    results: list[SubQueryResult]
+    latency_s: float
+
+
+class PendingRound(TypedDict):
+    """The action of the latest turn, waiting for its observation."""
+
+    kind: Literal["search", "invalid"]
+    sub_queries: list[str]
+    searched: list[str]
+    capped_from: int | None
+    tool_call_ids: list[str]
+    started_at: float
+
+
+class Stats(TypedDict):
+    llm_calls: int
+    search_rounds: int
+    sub_queries: int
+    decomposed: bool
+    invalid_turns: int
+    failed_searches: int
+    forced_answer: bool
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_s: float
+
+
+class Trajectory(TypedDict):
+    question: str
+    mode: str
+    protocol: str
+    prompt: str
+    response: str
+    llm_calls: list[LLMCall]
+    search_rounds: list[SearchRound]
+
+
+def merge_hits(left: list[SubQueryResult], right: list[SubQueryResult] | None) -> list[SubQueryResult]:
+    """Collect parallel search branches; ``None`` clears them once a round is observed."""
+    return [] if right is None else left + right
+
+
+class InputState(TypedDict):
+    question: str
+
+
+class OutputState(TypedDict):
+    answer: str | None
+    trajectory: Trajectory
+    stats: Stats
+
+
+class AgentState(InputState, OutputState, total=False):
+    started_at: float
+    prompt: str
+    truncated: bool
+    transcript: Annotated[list[Segment], operator.add]
+    messages: Annotated[list[AnyMessage], add_messages]
+    llm_calls: Annotated[list[LLMCall], operator.add]
+    search_rounds: Annotated[list[SearchRound], operator.add]
+    pending: PendingRound | None
+    hits: Annotated[list[SubQueryResult], merge_hits]
+
+
+class SearchTask(TypedDict):
+    """The payload of one ``Send`` to the ``search`` node."""
+
+    index: int
+    sub_query: str
+
+
+def _total(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
+
+
+def stats_of(state: AgentState) -> Stats:
+    """Run statistics, derived from the trajectory records alone."""
+    calls = state.get("llm_calls", [])
+    rounds = state.get("search_rounds", [])
+    return Stats(
+        llm_calls=len(calls),
+        search_rounds=len(rounds),
+        sub_queries=sum(len(r["searched"]) for r in rounds),
+        decomposed=any(len(r["searched"]) > 1 for r in rounds),
+        invalid_turns=sum(c["action"] == "invalid" for c in calls),
+        failed_searches=sum(res["error"] is not None for r in rounds for res in r["results"]),
+        forced_answer=any(c["action"] == "forced_answer" for c in calls),
+        prompt_tokens=_total([c["prompt_tokens"] for c in calls]),
+        completion_tokens=_total([c["completion_tokens"] for c in calls]),
+        latency_s=time.time() - state["started_at"] if "started_at" in state else 0.0,
+    )
+
+
+def trajectory_of(state: AgentState, mode: str, protocol: str) -> Trajectory:
+    """The inspectable record of a run: prompt, response text, every LLM call and search round."""
+    return Trajectory(
+        question=state.get("question", ""),
+        mode=mode,
+        protocol=protocol,
+        prompt=state.get("prompt", ""),
+        response="".join(segment["text"] for segment in state.get("transcript", [])),
+        llm_calls=state.get("llm_calls", []),
+        search_rounds=state.get("search_rounds", []),
+    )

@@ -1,0 +1,248 @@
+"""The graph through its real LangGraph machinery, with scripted policies and retrievers (test doubles)."""
+
+import asyncio
+import time
+
+import pytest
+from langchain_core.language_models.fake import FakeListLLM
+from langgraph.graph import END, START, StateGraph
+
+from ps_agent import AgentError, ParallelSearchAgent
+from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
+from tests.doubles import SleepyRetriever, scripted_llm
+
+FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </search>"
+ANSWER = "<think>done</think>\n<answer> Paris </answer>"
+
+
+def test_round_of_four_runs_in_parallel():
+    retriever = SleepyRetriever(delay_s=0.3)
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever)
+    start = time.perf_counter()
+    out = agent.invoke({"question": "Q?"})
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.6, f"a round of 4 sub-queries at 0.3 s each took {elapsed:.2f} s"
+    assert out["answer"] == "Paris"
+    assert sorted(call[0] for call in retriever.calls) == ["a", "b", "c", "d"]
+    (record,) = out["trajectory"]["search_rounds"]
+    assert [r["sub_query"] for r in record["results"]] == ["a", "b", "c", "d"]
+    assert out["stats"] == out["stats"] | {"llm_calls": 2, "search_rounds": 1, "sub_queries": 4, "decomposed": True}
+
+
+def test_async_round_of_four_runs_in_parallel():
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever(delay_s=0.3))
+
+    async def run():
+        start = time.perf_counter()
+        out = await agent.ainvoke({"question": "Q?"})
+        return out, time.perf_counter() - start
+
+    out, elapsed = asyncio.run(run())
+    assert elapsed < 0.6 and out["answer"] == "Paris"
+
+
+def test_sequential_mode_searches_one_query_per_round():
+    turns = [f"<search> {q} </search>" for q in "abcd"] + [ANSWER]
+    retriever = SleepyRetriever()
+    agent = ParallelSearchAgent(llm=scripted_llm(*turns), retriever=retriever, mode="sequential", max_turns=6)
+    out = agent.invoke({"question": "Q?"})
+    rounds = out["trajectory"]["search_rounds"]
+    assert [r["searched"] for r in rounds] == [["a"], ["b"], ["c"], ["d"]]
+    assert out["stats"]["decomposed"] is False and out["stats"]["llm_calls"] == 5
+    assert "separated by ##" not in out["trajectory"]["prompt"]
+
+
+def test_sequential_mode_searches_hashes_as_plain_text():
+    retriever = SleepyRetriever()
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, mode="sequential")
+    out = agent.invoke({"question": "Q?"})
+    assert retriever.calls == [["a ## b ## c ## d"]]
+    assert out["stats"]["sub_queries"] == 1
+
+
+def test_observation_joins_results_in_sub_query_order():
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever(), topk=2)
+    out = agent.invoke({"question": "Q?"})
+    response = out["trajectory"]["response"]
+    positions = [response.index(f"Query: {q}") for q in "abcd"]
+    assert positions == sorted(positions)
+    assert "Doc 2(Title: Title of d) Passage 1 about d." in response
+    assert response.count("<information>") == 1
+
+
+def test_identical_sub_queries_are_searched_once():
+    retriever = SleepyRetriever()
+    agent = ParallelSearchAgent(llm=scripted_llm("<search> x ## y ## x </search>", ANSWER), retriever=retriever)
+    out = agent.invoke({"question": "Q?"})
+    assert sorted(c[0] for c in retriever.calls) == ["x", "y"]
+    (record,) = out["trajectory"]["search_rounds"]
+    assert record["sub_queries"] == ["x", "y", "x"] and record["searched"] == ["x", "y"]
+
+
+def test_too_many_sub_queries_are_capped_and_the_observation_says_so():
+    queries = " ## ".join(f"q{i}" for i in range(6))
+    retriever = SleepyRetriever()
+    agent = ParallelSearchAgent(llm=scripted_llm(f"<search> {queries} </search>", ANSWER), retriever=retriever, max_parallel=3)
+    out = agent.invoke({"question": "Q?"})
+    assert len(retriever.calls) == 3
+    assert out["trajectory"]["search_rounds"][0]["capped_from"] == 6
+    assert "Only the first 3 of 6 sub-queries were searched" in out["trajectory"]["response"]
+
+
+def test_invalid_actions_get_search_r1s_message_and_max_turns_forces_an_answer():
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("no tags at all", "<search> unclosed", "<search></search>", " Rome </answer>"),
+        retriever=SleepyRetriever(),
+        max_turns=3,
+    )
+    out = agent.invoke({"question": "Q?"})
+    calls = out["trajectory"]["llm_calls"]
+    assert [c["action"] for c in calls] == ["invalid", "search", "invalid", "forced_answer"]
+    assert calls[0]["error"] == "no <search> or <answer> tag"
+    assert calls[2]["error"] == "empty <search>"
+    assert out["answer"] == "Rome"
+    assert out["stats"] | {"invalid_turns": 2, "forced_answer": True, "llm_calls": 4} == out["stats"]
+    response = out["trajectory"]["response"]
+    assert response.count(INVALID_ACTION_MESSAGE) == 2
+    assert FORCED_ANSWER_PROMPT in response
+    assert calls[3]["prompt"].endswith(FORCED_ANSWER_PROMPT)
+
+
+def test_endless_searching_is_bounded_by_max_turns():
+    llm = FakeListLLM(responses=["<search> again </search>"] * 3 + ["nothing"])
+    out = ParallelSearchAgent(llm=llm, retriever=SleepyRetriever(), max_turns=3).invoke({"question": "Q?"})
+    assert out["stats"]["llm_calls"] == 4 and out["stats"]["search_rounds"] == 3
+    assert out["answer"] == "nothing" and out["stats"]["forced_answer"]
+
+
+def test_failing_retriever_is_reported_and_the_run_goes_on():
+    retriever = SleepyRetriever(fail_times=99, error=ConnectionError("index offline"))
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, search_retries=1, search_backoff_s=0)
+    out = agent.invoke({"question": "Q?"})
+    assert out["answer"] == "Paris"
+    assert out["stats"]["failed_searches"] == 4
+    assert "Search failed: ConnectionError: index offline" in out["trajectory"]["response"]
+    assert all(r["attempts"] == 2 for r in out["trajectory"]["search_rounds"][0]["results"])
+
+
+def test_flaky_retriever_is_retried():
+    retriever = SleepyRetriever(fail_times=1)
+    agent = ParallelSearchAgent(llm=scripted_llm("<search> a </search>", ANSWER), retriever=retriever, search_backoff_s=0)
+    out = agent.invoke({"question": "Q?"})
+    (result,) = out["trajectory"]["search_rounds"][0]["results"]
+    assert result["error"] is None and result["attempts"] == 2 and len(result["passages"]) == 3
+
+
+def test_slow_retriever_times_out():
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER),
+        retriever=SleepyRetriever(delay_s=5),
+        search_timeout_s=0.05,
+        search_retries=0,
+    )
+    out = agent.invoke({"question": "Q?"})
+    assert out["trajectory"]["search_rounds"][0]["results"][0]["error"] == "timed out after 0.05 s"
+    assert out["answer"] == "Paris"
+
+
+class BrokenLLM(FakeListLLM):
+    """Test double: fails on its second call."""
+
+    def _call(self, prompt, stop=None, run_manager=None, **kwargs):
+        if self.i >= 1:
+            raise ConnectionError("model server went away")
+        return super()._call(prompt, stop, run_manager, **kwargs)
+
+    async def _acall(self, prompt, stop=None, run_manager=None, **kwargs):
+        return self._call(prompt, stop, None, **kwargs)
+
+
+def test_llm_error_carries_the_partial_trajectory():
+    agent = ParallelSearchAgent(llm=BrokenLLM(responses=[FOUR, ANSWER]), retriever=SleepyRetriever())
+    with pytest.raises(AgentError, match="turn 2.*model server went away") as info:
+        agent.invoke({"question": "Q?"})
+    assert len(info.value.trajectory["llm_calls"]) == 1
+    assert len(info.value.trajectory["search_rounds"]) == 1
+    assert info.value.stats["sub_queries"] == 4
+
+
+@pytest.mark.parametrize("question", ["", "   \n", None, 42])
+def test_empty_question_is_a_value_error(question):
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    with pytest.raises(ValueError, match="question is empty"):
+        agent.invoke({"question": question})
+
+
+def test_long_question_is_truncated_with_a_warning(caplog):
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever(), max_question_chars=50)
+    out = agent.invoke({"question": "why " * 100})
+    assert len(out["trajectory"]["question"]) == 50
+    assert "truncated to max_question_chars=50" in caplog.text
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="mode must be"):
+        ParallelSearchAgent(mode="fast")
+    with pytest.raises(ValueError, match="max_turns must be a positive integer"):
+        ParallelSearchAgent(max_turns=0)
+    with pytest.raises(TypeError, match="cannot use int as a retriever"):
+        ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=42).invoke({"question": "Q?"})
+
+
+def test_missing_corpus_file_says_what_was_expected(tmp_path):
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=str(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match="corpus file not found.*expected a jsonl file"):
+        agent.invoke({"question": "Q?"})
+
+
+def test_unknown_llm_spec_says_what_was_expected():
+    agent = ParallelSearchAgent(llm="gpt", retriever=SleepyRetriever())
+    with pytest.raises(ValueError, match="unknown LLM spec 'gpt'.*smollm2"):
+        agent.invoke({"question": "Q?"})
+
+
+def test_stream_batch_and_string_input():
+    agent = ParallelSearchAgent(llm=FakeListLLM(responses=[FOUR, ANSWER] * 3), retriever=SleepyRetriever())
+    nodes = [next(iter(chunk)) for chunk in agent.stream("Q?")]
+    assert nodes[:2] == ["prepare", "think"] and nodes.count("search") == 4 and nodes[-1] == "finish"
+    outs = agent.batch([{"question": "Q1?"}, {"question": "Q2?"}], config={"max_concurrency": 1})
+    assert [o["answer"] for o in outs] == ["Paris", "Paris"]
+
+
+def test_configurable_overrides_per_run():
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever())
+    out = agent.invoke({"question": "Q?"}, config={"configurable": {"mode": "sequential", "topk": 1}})
+    assert out["trajectory"]["mode"] == "sequential"
+    assert out["trajectory"]["search_rounds"][0]["searched"] == ["a ## b ## c ## d"]
+    assert len(out["trajectory"]["search_rounds"][0]["results"][0]["passages"]) == 1
+
+
+def test_as_tool_returns_the_answer():
+    tool = ParallelSearchAgent(llm=FakeListLLM(responses=[ANSWER] * 2), retriever=SleepyRetriever()).as_tool()
+    assert tool.name == "parallel_search"
+    assert tool.invoke({"question": "Q?"}) == "Paris"
+    assert asyncio.run(tool.ainvoke({"question": "Q?"})) == "Paris"
+
+
+def test_graph_works_as_a_subgraph():
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever())
+    parent = StateGraph(dict)
+    parent.add_node("research", agent.graph)
+    parent.add_edge(START, "research")
+    parent.add_edge("research", END)
+    out = parent.compile().invoke({"question": "Q?"})
+    assert out["answer"] == "Paris" and out["stats"]["decomposed"]
+
+
+def test_trajectory_and_stats_are_consistent():
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, "<search> e </search>", ANSWER), retriever=SleepyRetriever())
+    out = agent.invoke({"question": "Q?"})
+    trajectory, stats = out["trajectory"], out["stats"]
+    assert stats["llm_calls"] == len(trajectory["llm_calls"]) == 3
+    assert stats["search_rounds"] == len(trajectory["search_rounds"]) == 2
+    assert stats["sub_queries"] == 5
+    assert [c["turn"] for c in trajectory["llm_calls"]] == [1, 2, 3]
+    for call in trajectory["llm_calls"][1:]:
+        assert call["prompt"].startswith(trajectory["prompt"])
+    assert trajectory["response"].startswith(FOUR)
+    assert stats["latency_s"] > 0
