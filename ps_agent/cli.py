@@ -16,11 +16,14 @@ from ps_agent.protocol import parse_action
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
 console = Console()
+errors = Console(stderr=True)
 
 
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 @app.command()
@@ -28,7 +31,9 @@ def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
     corpus: Annotated[str | None, typer.Option(help="Corpus jsonl (Search-R1 form); default: embedded.")] = None,
-    mode: Annotated[str, typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1).")] = "parallel",
+    mode: Annotated[
+        str, typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1).")
+    ] = "parallel",
     protocol: Annotated[str, typer.Option(help="tags (text protocol) or tools (native tool calling).")] = "tags",
     max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
     topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
@@ -43,7 +48,7 @@ def ask(
         )
         result = agent.invoke({"question": question})
     except (ValueError, TypeError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        errors.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False, indent=2))

@@ -133,15 +133,16 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
                 "question of %d characters truncated to max_question_chars=%d", len(question), cfg.max_question_chars
             )
             question = question[: cfg.max_question_chars]
-        search_backend(cfg)  # fail fast on a missing corpus, and build its index before the first search
+        # fail fast on a missing corpus or model, and load both before the first turn (off the event loop)
+        await asyncio.to_thread(search_backend, cfg)
         update: dict[str, Any] = {"question": question, "truncated": truncated, "started_at": time.time()}
         if cfg.protocol == "tools":
-            resolve_chat_model(llm_spec(cfg))
+            await asyncio.to_thread(resolve_chat_model, llm_spec(cfg))
             hint = TOOLS_PARALLEL_HINT if cfg.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
             update["prompt"] = TOOLS_PROMPT.format(parallel_hint=hint, question=question)
             update["messages"] = [HumanMessage(update["prompt"])]
         else:
-            resolve_text_policy(llm_spec(cfg))
+            await asyncio.to_thread(resolve_text_policy, llm_spec(cfg))
             update["prompt"] = render_prompt(question, cfg.mode)
         return update
 

@@ -330,10 +330,8 @@ class LangChainChatPolicy:
 
 
 def _init_chat_model(spec: str) -> BaseChatModel:
-    try:
-        from langchain.chat_models import init_chat_model  # type: ignore[import-not-found]
-    except ImportError:
-        from langchain_classic.chat_models import init_chat_model
+    from langchain.chat_models import init_chat_model
+
     try:
         return init_chat_model(spec)
     except (ImportError, ValueError) as exc:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 
 from ps_agent.retrieval import Passage
 
@@ -33,3 +35,24 @@ class SleepyRetriever:
             [Passage(f"{q}#{i}", f"Title of {q}", f"Passage {i} about {q}.", 1.0 / (i + 1)) for i in range(k)]
             for q in queries
         ]
+
+
+class ToolCallingFakeChatModel(GenericFakeChatModel):
+    """Test double: a chat model replying with scripted messages (tool calls included); tools bind as no-ops."""
+
+    bound_tools: list = []  # noqa: RUF012 (a pydantic field: copied per instance)
+
+    def bind_tools(self, tools, **kwargs):
+        self.bound_tools = list(tools)
+        return self
+
+
+def tool_calls(*queries: str) -> AIMessage:
+    """Test double helper: one AI message calling `search` once per query, in parallel."""
+    return AIMessage(
+        content="",
+        tool_calls=[
+            {"name": "search", "args": {"query": q}, "id": f"call_{i}", "type": "tool_call"}
+            for i, q in enumerate(queries)
+        ],
+    )

