@@ -72,15 +72,58 @@ def _plain_text(prompt: str, transcript: Sequence[Segment]) -> str:
 # --- in-process transformers (embedded default and hf:PATH) ----------------------------------
 
 
-class TransformersPolicy:
-    """A local causal LM: the prompt through its chat template, the response as exact token ids."""
+def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The user prompt through the tokenizer's chat template (if it has one), as ids."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+    else:
+        text = prompt
+    return tokenizer(text, add_special_tokens=False).input_ids
 
-    def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 0.0, top_p: float = 1.0) -> None:
-        self.model = model.eval()
+
+def segment_ids(tokenizer: Any, segment: Segment) -> list[int]:
+    """A model turn's own ids, or the tokenisation of environment text (never model text re-tokenised)."""
+    if segment["token_ids"] is not None:
+        return list(segment["token_ids"])
+    return tokenizer(segment["text"], add_special_tokens=False).input_ids
+
+
+def context_ids(tokenizer: Any, prompt: str, transcript: Sequence[Segment]) -> list[int]:
+    """What the model is conditioned on: prompt ids, then each segment's ids."""
+    ids = chat_prompt_ids(tokenizer, prompt)
+    for segment in transcript:
+        ids.extend(segment_ids(tokenizer, segment))
+    return ids
+
+
+class TransformersPolicy:
+    """A local causal LM: the prompt through its chat template, the response as exact token ids.
+
+    With ``expected`` > 1 (set by a training rollout to the number of active rollouts), concurrent
+    ``acomplete`` calls on one event loop are gathered and generated as one left-padded batch.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        batch_window_s: float = 2.0,
+    ) -> None:
+        self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
+        self.expected = 1
+        self.batch_window_s = batch_window_s
+        self.batch_sizes: list[int] = []  # sizes of the batches generated, for inspection
         self._lock = threading.Lock()  # one generate() at a time: a CPU model gains nothing from more
+        self._pending: dict[tuple[tuple[str, ...], int], list[tuple[list[int], asyncio.Future]]] = {}
+        self._flush: asyncio.Task | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> TransformersPolicy:
@@ -89,40 +132,37 @@ class TransformersPolicy:
         path = Path(path)
         if not path.exists():
             raise LLMSpecError(f"hf: model path not found: {path} (expected a transformers model folder)")
-        return cls(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The user prompt through the chat template (if the tokenizer has one), as ids."""
-        if self.tokenizer.chat_template:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = prompt
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        return chat_prompt_ids(self.tokenizer, prompt)
 
     def context_ids(self, prompt: str, transcript: Sequence[Segment]) -> list[int]:
-        """Prompt ids, then each segment's own ids (model turns) or its tokenisation (observations)."""
-        ids = self.prompt_ids(prompt)
-        for segment in transcript:
-            if segment["token_ids"] is not None:
-                ids.extend(segment["token_ids"])
-            else:
-                ids.extend(self.tokenizer(segment["text"], add_special_tokens=False).input_ids)
-        return ids
+        return context_ids(self.tokenizer, prompt, transcript)
 
-    def complete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
-    ) -> Completion:
+    def _own_length(self, new: list[int], stop: Sequence[str]) -> int:
+        """How many of a batch row's new tokens the row generated: through EOS or the first stop string."""
+        for j, token in enumerate(new):
+            if token == self.tokenizer.eos_token_id:
+                return j + 1
+            if ">" in self.tokenizer.decode([token]) and any(s in self.tokenizer.decode(new[: j + 1]) for s in stop):
+                return j + 1
+        return len(new)
+
+    def generate(self, contexts: list[list[int]], stop: Sequence[str], max_tokens: int) -> list[Completion]:
+        """One left-padded batch of generations, each stopping at EOS, a stop string or ``max_tokens``."""
         import torch
 
-        context = self.context_ids(prompt, transcript)
-        input_ids = torch.tensor([context])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        width = max(len(c) for c in contexts)
+        input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
         sample = self.temperature > 0
         with self._lock, torch.no_grad():
             out = self.model.generate(
                 input_ids,
-                attention_mask=torch.ones_like(input_ids),
+                attention_mask=attention,
                 max_new_tokens=max_tokens,
                 do_sample=sample,
                 temperature=self.temperature if sample else None,
@@ -130,29 +170,65 @@ class TransformersPolicy:
                 top_k=None,
                 stop_strings=list(stop),
                 tokenizer=self.tokenizer,
-                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                pad_token_id=pad,
                 return_dict_in_generate=True,
                 output_scores=True,
             )
             logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-        ids = out.sequences[0, len(context) :].tolist()
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        hit_eos = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
-        stopped = hit_eos or any(s in text for s in stop)
-        return Completion(
-            text=text,
-            prompt_text=self.tokenizer.decode(context),
-            prompt_tokens=len(context),
-            completion_tokens=len(ids),
-            token_ids=ids,
-            logprobs=[float(x) for x in logprobs[0, : len(ids)].tolist()],
-            finish_reason="stop" if stopped else "length",
-        )
+        self.batch_sizes.append(len(contexts))
+        completions = []
+        for row, context in enumerate(contexts):
+            new = out.sequences[row, width:].tolist()
+            n = self._own_length(new, stop)
+            ids = new[:n]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            stopped = bool(ids) and (ids[-1] == self.tokenizer.eos_token_id or any(s in text for s in stop))
+            completions.append(
+                Completion(
+                    text=text,
+                    prompt_text=self.tokenizer.decode(context),
+                    prompt_tokens=len(context),
+                    completion_tokens=len(ids),
+                    token_ids=ids,
+                    logprobs=[float(x) for x in logprobs[row, :n].tolist()],
+                    finish_reason="stop" if stopped else "length",
+                )
+            )
+        return completions
+
+    def complete(
+        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        return self.generate([self.context_ids(prompt, transcript)], stop, max_tokens)[0]
 
     async def acomplete(
         self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
-        return await asyncio.to_thread(self.complete, prompt, transcript, stop=stop, max_tokens=max_tokens)
+        if self.expected <= 1:
+            return await asyncio.to_thread(self.complete, prompt, transcript, stop=stop, max_tokens=max_tokens)
+        future = asyncio.get_running_loop().create_future()
+        key = (tuple(stop), max_tokens)
+        self._pending.setdefault(key, []).append((self.context_ids(prompt, transcript), future))
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._flush_when_gathered())
+        return await future
+
+    async def _flush_when_gathered(self) -> None:
+        """Wait until every active rollout has asked (or the window passes), then generate per stop set."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_window_s
+        while sum(map(len, self._pending.values())) < self.expected and loop.time() < deadline:
+            await asyncio.sleep(0.001)
+        batches, self._pending, self._flush = self._pending, {}, None
+        for (stop, max_tokens), requests in batches.items():
+            try:
+                completions = await asyncio.to_thread(self.generate, [c for c, _ in requests], stop, max_tokens)
+            except Exception as exc:  # every waiting rollout sees the failure
+                for _, future in requests:
+                    future.set_exception(exc)
+                continue
+            for (_, future), completion in zip(requests, completions, strict=True):
+                future.set_result(completion)
 
 
 def _gguf_location() -> Path:
@@ -207,7 +283,9 @@ class OpenAICompletionsPolicy:
         temperature: float = 0.0,
         top_p: float = 1.0,
         timeout_s: float = 300.0,
+        tokenizer: Any = None,
     ) -> None:
+        self.tokenizer = tokenizer  # when given, contexts are tokenised locally with it (the trainer's)
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self.model = model
@@ -232,14 +310,17 @@ class OpenAICompletionsPolicy:
     ) -> Completion:
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             model = await self._model_name(client)
-            context = await self._tokenize(
-                client,
-                {"model": model, "messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True},
-            )
-            for segment in transcript:
-                context += segment["token_ids"] or await self._tokenize(
-                    client, {"model": model, "prompt": segment["text"], "add_special_tokens": False}
+            if self.tokenizer is not None:
+                context = context_ids(self.tokenizer, prompt, transcript)
+            else:
+                context = await self._tokenize(
+                    client,
+                    {"model": model, "messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True},
                 )
+                for segment in transcript:
+                    context += segment["token_ids"] or await self._tokenize(
+                        client, {"model": model, "prompt": segment["text"], "add_special_tokens": False}
+                    )
             response = await client.post(
                 f"{self.base_url}/completions",
                 json={

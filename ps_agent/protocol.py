@@ -72,6 +72,10 @@ _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 _THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)
 _OPEN_ACTION_RE = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
+_NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
+_WELL_FORMED_TURN_RE = re.compile(
+    rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,12 @@ def parse_action(text: str, mode: Mode = "parallel") -> Action:
     if not sub_queries:
         return Action("invalid", content=content, think=think, error="empty <search>")
     return Action("search", content=content, sub_queries=sub_queries, think=think)
+
+
+def is_well_formed_turn(text: str) -> bool:
+    """A model turn in the paper's format: ``<think>…</think>`` then one ``<search>`` or ``<answer>``
+    element, nothing else around them but whitespace, and no tag nested inside."""
+    return _WELL_FORMED_TURN_RE.fullmatch(text) is not None
 
 
 def parse_forced_answer(completion: str) -> str:

@@ -92,10 +92,12 @@ class Stats(TypedDict):
 
 class Trajectory(TypedDict):
     question: str
+    answer: str | None
     mode: str
     protocol: str
     prompt: str
     response: str
+    transcript: list[Segment]
     llm_calls: list[LLMCall]
     search_rounds: list[SearchRound]
 
@@ -160,10 +162,12 @@ def trajectory_of(state: AgentState, mode: str, protocol: str) -> Trajectory:
     """The inspectable record of a run: prompt, response text, every LLM call and search round."""
     return Trajectory(
         question=state.get("question", ""),
+        answer=state.get("answer"),
         mode=mode,
         protocol=protocol,
         prompt=state.get("prompt", ""),
         response="".join(segment["text"] for segment in state.get("transcript", [])),
+        transcript=state.get("transcript", []),
         llm_calls=state.get("llm_calls", []),
         search_rounds=state.get("search_rounds", []),
     )

