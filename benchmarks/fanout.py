@@ -139,7 +139,8 @@ def markdown(result: dict) -> str:
         f"`python benchmarks/fanout.py --latency-ms {result['latency_ms']} --repeats {result['repeats']}` "
         f"on {result['machine']}; medians.",
         "",
-        "| k | parallel search (s) | sequential search (s) | speed-up | target ≥ 0.9·k | whole run: parallel / sequential (s) |",
+        "| k | parallel search (s) | sequential search (s) | speed-up | target ≥ 0.9·k "
+        "| whole run: parallel / sequential (s) |",
         "|---|---|---|---|---|---|",
     ]
     for row in result["fanout"]:
