@@ -16,7 +16,8 @@ Protocol = Literal["tags", "tools"]
 class AgentConfig:
     """How the agent runs. Every field can be set per run in ``config["configurable"]``.
 
-    ``llm`` and ``corpus`` are specs (see ``ps_agent.llms`` and ``ps_agent.retrieval``); when
+    ``demonstration`` puts a one-shot demonstration before the prompt (not in the paper; for small
+    untrained models). ``llm`` and ``corpus`` are specs (see ``ps_agent.llms`` and ``ps_agent.retrieval``); when
     unset, the agent's own model and retriever are used, or the embedded defaults.
     """
 
@@ -32,6 +33,7 @@ class AgentConfig:
     search_backoff_s: float = 0.2
     search_rate_limit: int | None = None
     max_concurrency: int = 16
+    demonstration: bool = False
     llm: Any = None
     corpus: Any = None
 

@@ -33,6 +33,7 @@ from ps_agent.protocol import (
     SubQueryObservation,
     parse_action,
     parse_forced_answer,
+    render_chat_prompt,
     render_information,
     render_prompt,
 )
@@ -144,6 +145,7 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
         else:
             await asyncio.to_thread(resolve_text_policy, llm_spec(cfg))
             update["prompt"] = render_prompt(question, cfg.mode)
+            update["prompt_messages"] = render_chat_prompt(question, cfg.mode, cfg.demonstration)
         return update
 
     async def think(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
@@ -170,7 +172,9 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
         new: list[Segment] = [_env(FORCED_ANSWER_PROMPT)] if forced else []
         transcript = state.get("transcript", []) + new
         stop = ["</answer>"] if forced else list(STOP_SEQUENCES)
-        completion = await policy.acomplete(state["prompt"], transcript, stop=stop, max_tokens=cfg.max_new_tokens)
+        completion = await policy.acomplete(
+            state["prompt_messages"], transcript, stop=stop, max_tokens=cfg.max_new_tokens
+        )
         new.append({"role": "model", "text": completion.text, "token_ids": completion.token_ids})
         update: dict[str, Any] = {"transcript": new}
         if forced:

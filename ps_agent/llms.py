@@ -1,9 +1,10 @@
 """LLM backends: spec strings and LangChain models → policies the graph can call.
 
-The ``tags`` protocol needs a ``TextPolicy``: given the prompt and the response so far, write the
-next turn. Token-exact backends (``hf:``, the embedded ``smollm2``, ``vllm:``) condition on the
-exact token ids generated before, never on re-tokenised text, and return ids and log-probs, which
-is what RL training needs. The ``tools`` protocol needs a LangChain chat model with tool calling.
+The ``tags`` protocol needs a ``TextPolicy``: given the chat prompt (the user prompt, after optional
+demonstration turns) and the response so far, write the next turn. Token-exact backends (``hf:``,
+the embedded ``smollm2``, ``vllm:``) condition on the exact token ids generated before, never on
+re-tokenised text, and return ids and log-probs, which is what RL training needs. The ``tools``
+protocol needs a LangChain chat model with tool calling.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from langchain_core.language_models import BaseChatModel, BaseLLM
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from ps_agent.protocol import close_action
+from ps_agent.protocol import ChatPrompt, close_action
 from ps_agent.retrieval.corpus import cache_dir
 from ps_agent.state import Segment
 
@@ -58,28 +59,28 @@ class Completion:
 
 @runtime_checkable
 class TextPolicy(Protocol):
-    """Writes the next turn after ``prompt`` (the user prompt) and ``transcript`` (the response so far)."""
+    """Writes the next turn after ``prompt`` (chat messages ending with the user prompt) and ``transcript``
+    (the response so far)."""
 
     async def acomplete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion: ...
 
 
-def _plain_text(prompt: str, transcript: Sequence[Segment]) -> str:
-    return prompt + "".join(segment["text"] for segment in transcript)
+def _plain_text(prompt: ChatPrompt, transcript: Sequence[Segment]) -> str:
+    """The prompt and response as one string, for backends without a chat template."""
+    return "\n\n".join(m["content"] for m in prompt) + "".join(segment["text"] for segment in transcript)
 
 
 # --- in-process transformers (embedded default and hf:PATH) ----------------------------------
 
 
-def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """The user prompt through the tokenizer's chat template (if it has one), as ids."""
+def chat_prompt_ids(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
+    """The chat prompt through the tokenizer's chat template (if it has one), as ids."""
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
+        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     else:
-        text = prompt
+        text = _plain_text(prompt, [])
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -90,7 +91,7 @@ def segment_ids(tokenizer: Any, segment: Segment) -> list[int]:
     return tokenizer(segment["text"], add_special_tokens=False).input_ids
 
 
-def context_ids(tokenizer: Any, prompt: str, transcript: Sequence[Segment]) -> list[int]:
+def context_ids(tokenizer: Any, prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[int]:
     """What the model is conditioned on: prompt ids, then each segment's ids."""
     ids = chat_prompt_ids(tokenizer, prompt)
     for segment in transcript:
@@ -135,10 +136,10 @@ class TransformersPolicy:
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
+    def prompt_ids(self, prompt: ChatPrompt) -> list[int]:
         return chat_prompt_ids(self.tokenizer, prompt)
 
-    def context_ids(self, prompt: str, transcript: Sequence[Segment]) -> list[int]:
+    def context_ids(self, prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[int]:
         return context_ids(self.tokenizer, prompt, transcript)
 
     def _own_length(self, new: list[int], stop: Sequence[str]) -> int:
@@ -197,12 +198,12 @@ class TransformersPolicy:
         return completions
 
     def complete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         return self.generate([self.context_ids(prompt, transcript)], stop, max_tokens)[0]
 
     async def acomplete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         if self.expected <= 1:
             return await asyncio.to_thread(self.complete, prompt, transcript, stop=stop, max_tokens=max_tokens)
@@ -306,7 +307,7 @@ class OpenAICompletionsPolicy:
         return response.json()["tokens"]
 
     async def acomplete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             model = await self._model_name(client)
@@ -315,7 +316,7 @@ class OpenAICompletionsPolicy:
             else:
                 context = await self._tokenize(
                     client,
-                    {"model": model, "messages": [{"role": "user", "content": prompt}], "add_generation_prompt": True},
+                    {"model": model, "messages": list(prompt), "add_generation_prompt": True},
                 )
                 for segment in transcript:
                     context += segment["token_ids"] or await self._tokenize(
@@ -360,7 +361,7 @@ class LangChainLLMPolicy:
         self.llm = llm
 
     async def acomplete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         prompt_text = _plain_text(prompt, transcript)
         result = await self.llm.agenerate([prompt_text], stop=list(stop))
@@ -375,9 +376,10 @@ class LangChainLLMPolicy:
         )
 
 
-def transcript_messages(prompt: str, transcript: Sequence[Segment]) -> list[BaseMessage]:
+def transcript_messages(prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[BaseMessage]:
     """The prompt and response as chat turns: model text → AI, environment text → human."""
-    messages: list[BaseMessage] = [HumanMessage(prompt)]
+    roles = {"user": HumanMessage, "assistant": AIMessage, "system": SystemMessage}
+    messages: list[BaseMessage] = [roles[m["role"]](m["content"]) for m in prompt]
     for segment in transcript:
         kind = AIMessage if segment["role"] == "model" else HumanMessage
         if isinstance(messages[-1], kind):
@@ -394,7 +396,7 @@ class LangChainChatPolicy:
         self.model = model
 
     async def acomplete(
-        self, prompt: str, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         message = await self.model.ainvoke(transcript_messages(prompt, transcript), stop=list(stop))
         usage = message.usage_metadata or {}

@@ -7,11 +7,12 @@ this module, so what counts as a search, an answer or a valid format can never d
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["parallel", "sequential"]
+ChatPrompt = Sequence[Mapping[str, str]]  # chat messages: {"role": ..., "content": ...}
 ActionKind = Literal["search", "answer", "invalid"]
 
 SUB_QUERY_SEPARATOR = "##"
@@ -98,6 +99,47 @@ def render_prompt(question: str, mode: Mode = "parallel") -> str:
     if mode not in PROMPTS:
         raise ValueError(f"unknown mode {mode!r}: expected one of {sorted(PROMPTS)}")
     return PROMPTS[mode].format(question=question)
+
+
+_DEMO_QUESTION = "Who was born first, Albert Einstein or Isaac Newton?"
+_DEMO_PASSAGES = {
+    "Albert Einstein": "Albert Einstein (14 March 1879 – 18 April 1955) was a German-born theoretical physicist.",
+    "Isaac Newton": "Sir Isaac Newton (25 December 1642 – 20 March 1727) was an English polymath.",
+}
+_DEMO_ANSWER = (
+    "<think> Newton was born in 1642 and Einstein in 1879, so Newton was born first. </think>\n"
+    "<answer> Isaac Newton </answer>"
+)
+
+
+def demonstration(mode: Mode = "parallel") -> list[dict[str, str]]:
+    """A one-shot demonstration as chat turns (question, searches, information, answer) in ``mode``.
+
+    Not in the paper: an opt-in (``AgentConfig.demonstration``) that lets a small untrained model
+    (SmolLM2-135M) produce valid actions often enough for RL to have a signal.
+    """
+    turns: list[dict[str, str]] = [{"role": "user", "content": render_prompt(_DEMO_QUESTION, mode)}]
+    groups = [list(_DEMO_PASSAGES)] if mode == "parallel" else [[title] for title in _DEMO_PASSAGES]
+    for titles in groups:
+        plan = "both people, so I search for each in parallel" if len(titles) > 1 else titles[0]
+        turns.append(
+            {
+                "role": "assistant",
+                "content": f"<think> I need the birth date of {plan}. </think>\n" + render_search(titles),
+            }
+        )
+        results = [SubQueryObservation(t, [(t, _DEMO_PASSAGES[t])]) for t in titles]
+        turns.append({"role": "user", "content": render_information(results)})
+    turns.append({"role": "assistant", "content": _DEMO_ANSWER})
+    return turns
+
+
+def render_chat_prompt(
+    question: str, mode: Mode = "parallel", with_demonstration: bool = False
+) -> list[dict[str, str]]:
+    """The chat prompt the policy continues: the user prompt, after the demonstration if asked for."""
+    demo = demonstration(mode) if with_demonstration else []
+    return [*demo, {"role": "user", "content": render_prompt(question, mode)}]
 
 
 def close_action(text: str) -> str:

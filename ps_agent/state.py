@@ -96,6 +96,7 @@ class Trajectory(TypedDict):
     mode: str
     protocol: str
     prompt: str
+    prompt_messages: list[dict[str, str]]
     response: str
     transcript: list[Segment]
     llm_calls: list[LLMCall]
@@ -120,6 +121,7 @@ class OutputState(TypedDict):
 class AgentState(InputState, OutputState, total=False):
     started_at: float
     prompt: str
+    prompt_messages: list[dict[str, str]]
     truncated: bool
     transcript: Annotated[list[Segment], operator.add]
     messages: Annotated[list[AnyMessage], add_messages]
@@ -166,6 +168,7 @@ def trajectory_of(state: AgentState, mode: str, protocol: str) -> Trajectory:
         mode=mode,
         protocol=protocol,
         prompt=state.get("prompt", ""),
+        prompt_messages=state.get("prompt_messages", []),
         response="".join(segment["text"] for segment in state.get("transcript", [])),
         transcript=state.get("transcript", []),
         llm_calls=state.get("llm_calls", []),

@@ -13,7 +13,7 @@ from ps_agent.llms import (
     resolve_text_policy,
     transcript_messages,
 )
-from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_information, render_prompt
+from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_chat_prompt, render_information
 
 QUESTION = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 
@@ -41,7 +41,7 @@ def test_bad_objects_and_tools_without_chat_model():
 
 def test_transcript_becomes_alternating_chat_turns():
     messages = transcript_messages(
-        "P",
+        [{"role": "user", "content": "P"}],
         [
             {"role": "model", "text": "<search> q </search>", "token_ids": None},
             {"role": "env", "text": "<information>i</information>", "token_ids": None},
@@ -59,7 +59,7 @@ def smollm2(smollm2_path) -> TransformersPolicy:
 
 @pytest.mark.slow
 def test_embedded_model_is_token_exact(smollm2):
-    prompt = render_prompt(QUESTION)
+    prompt = render_chat_prompt(QUESTION)
     first = smollm2.complete(prompt, [], stop=STOP_SEQUENCES, max_tokens=48)
     assert first.token_ids and len(first.token_ids) == len(first.logprobs) == first.completion_tokens
     assert smollm2.tokenizer.decode(first.token_ids, skip_special_tokens=True) == first.text
@@ -80,7 +80,7 @@ def test_embedded_model_is_token_exact(smollm2):
 @pytest.mark.slow
 def test_vllm_server_matches_the_embedded_model(vllm_server, smollm2):
     policy = OpenAICompletionsPolicy(vllm_server)
-    prompt = render_prompt(QUESTION)
+    prompt = render_chat_prompt(QUESTION)
     served = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=32))
     local = smollm2.complete(prompt, [], stop=STOP_SEQUENCES, max_tokens=32)
     assert served.token_ids == local.token_ids  # greedy on both, same weights, same chat template

@@ -1,0 +1,129 @@
+"""Train a ParallelSearch agent with GRPO (TRL) on its own LangGraph trajectories.
+
+    python training/run_grpo.py                          # short CPU run on the embedded defaults
+    python training/run_grpo.py --config training/configs/hotpotqa.yaml
+    accelerate launch --num_processes 2 --cpu training/run_grpo.py --max_steps 1 ...
+
+Every field of ``ParallelSearchArguments`` and of TRL's ``GRPOConfig`` is a flag (``--loss_type dr_grpo``,
+``--beta 0.04``, ``--num_generations 8``, ``--resume_from_checkpoint RUN/checkpoint-10``, ...) or a key of
+the YAML file given with ``--config``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `training` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ps_agent.rewards import RewardWeights
+from training.data import load_questions, to_dataset
+from training.rollout import AgentRollout, RolloutSettings, reward_functions
+
+logger = logging.getLogger("run_grpo")
+
+DEFAULTS = {
+    "output_dir": "runs/grpo-embedded",
+    "max_steps": 2,
+    "per_device_train_batch_size": 4,
+    "num_generations": 4,
+    "learning_rate": 1e-5,
+    "logging_steps": 1,
+    "save_steps": 1,
+    "save_total_limit": 2,
+    "max_completion_length": 2048,
+    "temperature": 1.0,
+    "beta": 0.0,
+    "report_to": ["tensorboard"],
+    "use_cpu": True,
+    "bf16": False,
+    "seed": 0,
+}
+
+
+@dataclass
+class ParallelSearchArguments:
+    """What to train, on what, with which agent and rewards (TRL's ``GRPOConfig`` holds the rest)."""
+
+    model_name_or_path: str = field(default="smollm2", metadata={"help": "smollm2 (embedded) or a model folder"})
+    data: str = field(default="builtin", metadata={"help": "builtin, a question jsonl path, or hf:NAME[:SPLIT]"})
+    limit: int | None = field(default=None, metadata={"help": "use only the first N questions"})
+    corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
+    backend: str = field(default="hf", metadata={"help": "hf, openai (vLLM with LoRA hot-loading) or trl-vllm"})
+    openai_base_url: str | None = field(default=None, metadata={"help": "the openai backend's server, .../v1"})
+    mode: str = field(default="parallel", metadata={"help": "parallel or sequential (Search-R1 baseline)"})
+    max_turns: int = 2
+    topk: int = 2
+    max_new_tokens: int = 96
+    lambda_d: float = field(default=0.15, metadata={"help": "decomposition reward weight λd"})
+    alpha: float = field(default=3.0, metadata={"help": "bonus multiplier α for decomposing parallelisable questions"})
+    lambda_s: float = field(default=0.35, metadata={"help": "search-count penalty weight λs"})
+    lambda_f: float = field(default=0.1, metadata={"help": "format reward weight λf"})
+    use_lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def model_path(name: str) -> str:
+    if name == "smollm2":
+        from ps_agent.llms import embedded_model_path
+
+        return str(embedded_model_path())
+    return name
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer, TrlParser
+
+    parser = TrlParser((ParallelSearchArguments, GRPOConfig))
+    parser.set_defaults(**DEFAULTS)
+    args, config = parser.parse_args_and_config(args=argv)[:2]
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    path = model_path(args.model_name_or_path)
+    rows = load_questions(args.data, limit=args.limit)
+    settings = RolloutSettings(
+        backend=args.backend,
+        mode=args.mode,
+        max_turns=args.max_turns,
+        topk=args.topk,
+        max_new_tokens=args.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        retriever=args.corpus,
+        openai_base_url=args.openai_base_url,
+        reward_weights=RewardWeights(args.lambda_d, args.alpha, args.lambda_s, args.lambda_f),
+    )
+    peft_config = None
+    if args.use_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            target_modules=args.lora_target_modules.split(","),
+            task_type="CAUSAL_LM",
+        )
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=reward_functions(),
+        args=config,
+        train_dataset=to_dataset(rows),
+        processing_class=AutoTokenizer.from_pretrained(path),
+        peft_config=peft_config,
+        rollout_func=AgentRollout(settings, rows, config.output_dir),
+    )
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    final = Path(config.output_dir) / "final"
+    trainer.save_model(str(final))
+    logger.info("saved the trained %s to %s", "adapter" if peft_config else "model", final)
+    return final
+
+
+if __name__ == "__main__":
+    main()
