@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.panel import Panel
+from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
@@ -90,6 +92,49 @@ def print_trace(result: dict[str, Any]) -> None:
         f"{stats['sub_queries']} sub-queries · decomposed={stats['decomposed']} · "
         f"forced_answer={stats['forced_answer']} · {stats['latency_s']:.1f} s[/dim]"
     )
+
+
+trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")
+app.add_typer(trajectories, name="trajectories")
+
+
+@trajectories.command("show")
+def show_trajectories(
+    run_dir: Annotated[Path, typer.Argument(help="A training run's output folder.")],
+    last: Annotated[int, typer.Option(help="How many of the latest rollouts to show.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Summarise a run's logged rollouts (rewards, decomposition by class, format) and show the latest."""
+    from ps_agent.trajectories import read_trajectories, summarise
+
+    if not run_dir.is_dir():
+        errors.print(f"[red]error:[/red] not a folder: {run_dir} (expected a training run's output folder)")
+        raise typer.Exit(2)
+    records = read_trajectories(run_dir)
+    summary = summarise(records)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    if not records:
+        console.print(f"no trajectories*.jsonl lines in {run_dir}")
+        return
+    table = Table(title=f"{summary['rollouts']} rollouts over {summary['steps']} steps")
+    table.add_column("metric")
+    table.add_column("mean", justify="right")
+    for name, value in summary["rewards"].items():
+        table.add_row(f"reward/{name}", f"{value:+.3f}")
+    for name in ("format_valid", "forced_answer", "search_rounds"):
+        table.add_row(name, f"{summary[name]:.3f}")
+    for cls, value in summary["decomposed_by_class"].items():
+        table.add_row(f"decomposed/{cls}", f"{value:.3f}")
+    console.print(table)
+    for record in records[-last:]:
+        console.print(
+            f"[dim]step {record['step']} · {record['question_class']} · total {record['rewards']['total']:+.2f}[/dim] "
+            f"{record['question']} → [green]{record['answer']!r}[/green] (gold {record['golden_answers']})"
+        )
+        for r in record["search_rounds"]:
+            console.print(f"    search: {' ## '.join(r['sub_queries'])}")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ optimizer step: vLLM), and ``trl-vllm`` (TRL's own vLLM integration, ``use_vllm=
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ import httpx
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import Completion, OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
 from ps_agent.rewards import COMPONENTS, RewardWeights, decomposed, format_valid, question_class, reward_components
+from ps_agent.trajectories import TrajectoryLog, mean
 
 logger = logging.getLogger(__name__)
 
@@ -53,36 +52,6 @@ class RolloutSettings:
             raise ValueError(f"backend must be 'hf', 'openai' or 'trl-vllm', got {self.backend!r}")
         if self.backend == "openai" and not self.openai_base_url:
             raise ValueError("the openai backend needs openai_base_url (e.g. http://127.0.0.1:8000/v1)")
-
-
-class TrajectoryLog:
-    """Append-only JSON lines: each record is one ``write`` of a whole line, then flushed to disk,
-    so a crash loses at most the rollout in flight."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def append(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every logged rollout of a run (all processes); a torn last line is skipped."""
-    records = []
-    for path in sorted(Path(run_dir).glob("trajectories*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("skipping a torn line in %s", path)
-    return records
 
 
 def token_sequences(trajectory: dict[str, Any], tokenizer: Any) -> dict[str, list]:
@@ -184,6 +153,7 @@ class AgentRollout:
         self.output_dir = Path(output_dir)
         self._adapter_step: int | None = None
         self._adapter_name: str | None = None
+        self.generation_batches: list[int] = []  # batch sizes of the last rollout's generations (hf backend)
 
     # -- policies --------------------------------------------------------------------------------
 
@@ -235,6 +205,7 @@ class AgentRollout:
             outs = asyncio.run(self._run_all(prompts, policy))
         finally:
             model.train(was_training)
+        self.generation_batches = getattr(policy, "batch_sizes", [])
         return self._assemble(prompts, outs, trainer)
 
     async def _run_all(self, prompts: list[str], policy: Any) -> list[dict[str, Any]]:
@@ -289,22 +260,18 @@ class AgentRollout:
         return batch
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def log_rollout_metrics(rollouts: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
     """Signals that show GRPO collapse coming and whether decomposition is learnt (TRL logs the rest:
     reward std per group, entropy, completion lengths)."""
     metrics = {
-        "rollout/forced_answer_frac": _mean([float(r["forced_answer"]) for r in rollouts]),
-        "rollout/format_valid_frac": _mean([float(r["format_valid"]) for r in rollouts]),
-        "rollout/search_rounds": _mean([float(r["search_rounds"]) for r in rollouts]),
+        "rollout/forced_answer_frac": mean([float(r["forced_answer"]) for r in rollouts]),
+        "rollout/format_valid_frac": mean([float(r["format_valid"]) for r in rollouts]),
+        "rollout/search_rounds": mean([float(r["search_rounds"]) for r in rollouts]),
         "rollout/failed_searches": float(sum(r["failed_searches"] for r in rollouts)),
     }
     for cls in ("parallelisable", "sequential", "single-hop"):
         of_class = [float(r["decomposed"]) for r in rollouts if r["question_class"] == cls]
-        metrics[f"rollout/decomposed_frac/{cls}"] = _mean(of_class)
+        metrics[f"rollout/decomposed_frac/{cls}"] = mean(of_class)
     for name, value in metrics.items():
         if value is not None:
             log_metric(name, value)
@@ -324,23 +291,3 @@ def reward_functions() -> list[Callable[..., list[float]]]:
         return reward
 
     return [make(name) for name in COMPONENTS]
-
-
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals of a trajectory log: reward components, decomposition by class, format, forced answers."""
-    if not records:
-        return {"rollouts": 0}
-    summary: dict[str, Any] = {
-        "rollouts": len(records),
-        "steps": len({r["step"] for r in records}),
-        "rewards": {k: _mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
-        "format_valid": _mean([float(r["format_valid"]) for r in records]),
-        "forced_answer": _mean([float(r["stats"]["forced_answer"]) for r in records]),
-        "search_rounds": _mean([float(r["stats"]["search_rounds"]) for r in records]),
-        "decomposed_by_class": {},
-    }
-    for cls in ("parallelisable", "sequential", "single-hop"):
-        of_class = [float(r["decomposed"]) for r in records if r["question_class"] == cls]
-        if of_class:
-            summary["decomposed_by_class"][cls] = _mean(of_class)
-    return summary

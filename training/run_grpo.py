@@ -58,6 +58,13 @@ class ParallelSearchArguments:
     max_turns: int = 2
     topk: int = 2
     max_new_tokens: int = 96
+    demonstration: bool = field(
+        default=True,
+        metadata={
+            "help": "one-shot demonstration before the prompt (not in the paper): without it the untrained "
+            "135M model never emits a valid action, so every reward in a group is equal and GRPO has no signal"
+        },
+    )
     lambda_d: float = field(default=0.15, metadata={"help": "decomposition reward weight λd"})
     alpha: float = field(default=3.0, metadata={"help": "bonus multiplier α for decomposing parallelisable questions"})
     lambda_s: float = field(default=0.35, metadata={"help": "search-count penalty weight λs"})
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> Path:
         max_turns=args.max_turns,
         topk=args.topk,
         max_new_tokens=args.max_new_tokens,
+        demonstration=args.demonstration,
         temperature=config.temperature,
         top_p=config.top_p,
         retriever=args.corpus,

@@ -1,0 +1,67 @@
+"""Trajectory logs: one JSON line per rollout, written so a crash loses at most the line in flight."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ps_agent.rewards import COMPONENTS
+
+logger = logging.getLogger(__name__)
+
+
+class TrajectoryLog:
+    """Append-only JSON lines: each record is one ``write`` of a whole line, then flushed to disk,
+    so a crash loses at most the rollout in flight."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every logged rollout of a run (all processes); a torn last line is skipped."""
+    records = []
+    for path in sorted(Path(run_dir).glob("trajectories*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("skipping a torn line in %s", path)
+    return records
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals of a trajectory log: reward components, decomposition by class, format, forced answers."""
+    if not records:
+        return {"rollouts": 0}
+    summary: dict[str, Any] = {
+        "rollouts": len(records),
+        "steps": len({r["step"] for r in records}),
+        "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
+        "format_valid": mean([float(r["format_valid"]) for r in records]),
+        "forced_answer": mean([float(r["stats"]["forced_answer"]) for r in records]),
+        "search_rounds": mean([float(r["stats"]["search_rounds"]) for r in records]),
+        "decomposed_by_class": {},
+    }
+    for cls in ("parallelisable", "sequential", "single-hop"):
+        of_class = [float(r["decomposed"]) for r in records if r["question_class"] == cls]
+        if of_class:
+            summary["decomposed_by_class"][cls] = mean(of_class)
+    return summary
