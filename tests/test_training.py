@@ -298,20 +298,14 @@ def test_one_real_grpo_step_with_smollm2(smollm2_path, tmp_path):
 
 @pytest.mark.slow
 def test_two_process_accelerate_step(tiny_model, tmp_path):
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    # `accelerate launch --num_processes 2 --cpu` starts a single process with accelerate 1.15 (its multi-CPU
+    # launch needs mpirun); torchrun starts two, which accelerate runs as MULTI_CPU over gloo.
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     out = tmp_path / "run"
     command = [
-        accelerate,
-        "launch",
-        "--num_processes",
+        torchrun,
+        "--nproc_per_node",
         "2",
-        "--num_machines",
-        "1",
-        "--cpu",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
         str(ROOT / "training" / "run_grpo.py"),
         *grpo_args(tiny_model, out, "--max_steps", "1"),
     ]
