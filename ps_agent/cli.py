@@ -94,6 +94,72 @@ def print_trace(result: dict[str, Any]) -> None:
     )
 
 
+@app.command("eval")
+def eval_command(
+    data: Annotated[list[Path], typer.Option(help="Question jsonl (id, question, golden_answers, type); repeatable.")],
+    out: Annotated[Path, typer.Option(help="Output folder: results/, summary.json, report.md, plots.png.")],
+    corpus: Annotated[
+        str, typer.Option(help="Corpus jsonl for BM25; 'auto': corpus.jsonl beside each data file, else embedded.")
+    ] = "auto",
+    index: Annotated[Path | None, typer.Option(help="A built index folder (not available yet).")] = None,
+    retriever_url: Annotated[str | None, typer.Option(help="A Search-R1 retrieval server (not available yet).")] = None,
+    llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
+    mode: Annotated[str, typer.Option(help="parallel, sequential or both.")] = "both",
+    concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
+    limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
+    max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
+    topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn.")] = 256,
+    demonstration: Annotated[bool, typer.Option(help="One-shot demonstration before the prompt.")] = False,
+    strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
+) -> None:
+    """Run the agent over question files (resumable) and write the paper's tables and plots."""
+    from ps_agent.eval import EvalSettings, evaluate
+
+    if index is not None or retriever_url is not None:
+        errors.print(
+            "[red]error:[/red] --index and --retriever-url need the dense index and retrieval server, "
+            "which are not built yet; use --corpus FILE (BM25) or --corpus auto"
+        )
+        raise typer.Exit(2)
+    if mode not in ("parallel", "sequential", "both"):
+        errors.print(f"[red]error:[/red] --mode must be parallel, sequential or both, got {mode!r}")
+        raise typer.Exit(2)
+    settings = EvalSettings(
+        llm=llm,
+        retriever=corpus,
+        modes=("parallel", "sequential") if mode == "both" else (mode,),
+        concurrency=concurrency,
+        limit=limit,
+        strict=strict,
+        agent={"max_turns": max_turns, "topk": topk, "max_new_tokens": max_new_tokens, "demonstration": demonstration},
+    )
+    try:
+        evaluate(data, out, settings)
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print((out / "report.md").read_text())
+
+
+@app.command()
+def synth(
+    out: Annotated[Path, typer.Option(help="Output folder for corpus.jsonl and questions.jsonl.")],
+    seed: Annotated[int, typer.Option(help="Random seed: same seed, same bytes.")] = 0,
+    entities: Annotated[int, typer.Option(help="Number of fictional entities (at least 40).")] = 200,
+    per_family: Annotated[int, typer.Option(help="Questions per family setting (k or depth).")] = 3,
+) -> None:
+    """Generate a synthetic multi-hop world whose questions scale in width and depth."""
+    from ps_agent.synthetic import generate
+
+    try:
+        corpus, questions = generate(seed, entities, out, per_family)
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"wrote {corpus} and {questions}")
+
+
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")
 app.add_typer(trajectories, name="trajectories")
 

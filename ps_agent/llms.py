@@ -428,6 +428,9 @@ def _vllm_url(spec: str) -> str:
     return url
 
 
+_SPEC_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=8)
 def _text_policy_from_spec(spec: str) -> TextPolicy:
     if spec == EMBEDDED_MODEL:
@@ -446,7 +449,8 @@ def resolve_text_policy(llm: Any = None) -> TextPolicy:
     if llm is None:
         llm = EMBEDDED_MODEL
     if isinstance(llm, str):
-        return _text_policy_from_spec(llm)
+        with _SPEC_LOCK:  # concurrent first runs load a spec's model once
+            return _text_policy_from_spec(llm)
     if isinstance(llm, BaseChatModel):
         return LangChainChatPolicy(llm)
     if isinstance(llm, BaseLLM):

@@ -7,68 +7,13 @@ or the small built-in set answerable from the embedded Wikipedia corpus.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-#: Dataset ``type`` values this project knows: HotpotQA, 2WikiMultihopQA, MuSiQue, and the synthetic world.
-KNOWN_TYPES = frozenset(
-    {"comparison", "bridge", "compositional", "inference", "bridge_comparison"}
-    | {"2hop", "3hop1", "3hop2", "4hop1", "4hop2", "4hop3"}
-    | {"hybrid", "single"}
-)
+from ps_agent.questions import KNOWN_TYPES, DataError, read_jsonl, to_row
 
-
-class DataError(ValueError):
-    """A question row that cannot be trained on; the message names the row."""
-
-
-def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> dict[str, Any]:
-    """Validate one question record and shape it as a TRL row."""
-    if not isinstance(raw, Mapping):
-        raise DataError(f"{where}: expected a JSON object with question and golden_answers, got {type(raw).__name__}")
-    question = raw.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise DataError(f"{where}: missing or empty 'question' (expected a non-empty string)")
-    golden = raw.get("golden_answers")
-    if isinstance(golden, str):
-        golden = [golden]
-    if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
-        raise DataError(f"{where}: missing or empty 'golden_answers' (expected a non-empty list of strings)")
-    question_type = raw.get("type") or None
-    if question_type is not None and question_type not in known_types:
-        raise DataError(
-            f"{where}: unknown question type {question_type!r}; expected none (single-hop) or one of "
-            f"{sorted(known_types)}"
-        )
-    return {
-        "prompt": question.strip(),
-        "golden_answers": [g.strip() for g in golden],
-        "question_type": question_type,
-        "id": str(raw.get("id", where)),
-    }
-
-
-def read_jsonl(path: str | Path, known_types: frozenset[str] = KNOWN_TYPES) -> list[dict[str, Any]]:
-    """Rows of a question jsonl file; a bad line is an error naming its file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"question file not found: {path} (expected jsonl lines of id, question, golden_answers, type)")
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not JSON ({exc})") from exc
-            rows.append(to_row(raw, where, known_types))
-    if not rows:
-        raise DataError(f"question file is empty: {path}")
-    return rows
+__all__ = ["BUILTIN_QUESTIONS", "DataError", "from_records", "load_questions", "read_jsonl", "to_dataset", "to_row"]
 
 
 def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KNOWN_TYPES) -> list[dict[str, Any]]:

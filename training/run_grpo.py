@@ -83,7 +83,8 @@ def model_path(name: str) -> str:
     return name
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
+    """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer, TrlParser
 
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> Path:
         processing_class=AutoTokenizer.from_pretrained(path),
         peft_config=peft_config,
         rollout_func=AgentRollout(settings, rows, config.output_dir),
+        callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     final = Path(config.output_dir) / "final"

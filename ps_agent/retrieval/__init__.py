@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 EMBEDDED = "embedded"
+_BUILD_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)
@@ -53,9 +55,10 @@ def resolve_retriever(spec: Any = None) -> Retriever:
     from ps_agent.retrieval.langchain import LangChainRetriever, VectorStoreRetriever
 
     if spec is None or spec == EMBEDDED:
-        return bm25_for_corpus(EMBEDDED)
+        spec = EMBEDDED
     if isinstance(spec, (str, Path)):
-        return bm25_for_corpus(str(Path(spec).resolve()))
+        with _BUILD_LOCK:  # concurrent first runs build a corpus's index once
+            return bm25_for_corpus(spec if spec == EMBEDDED else str(Path(spec).resolve()))
     if isinstance(spec, BaseRetriever):
         return LangChainRetriever(spec)
     if isinstance(spec, VectorStore):

@@ -1,0 +1,282 @@
+"""Evaluation: run the agent over question files, append one result line per question, report.
+
+Results go to ``OUT/results/{dataset}.{mode}.jsonl``; a rerun skips the ids already there, so an
+interrupted run resumes. ``report`` aggregates them per dataset, per question class (parallelisable /
+sequential / single-hop, from ``type`` as the paper maps it) and per mode, and writes ``summary.json``,
+``report.md`` (the paper's layouts) and PNG plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from ps_agent.agent import ParallelSearchAgent
+from ps_agent.metrics import cover_exact_match, exact_match, f1_score
+from ps_agent.questions import read_jsonl
+from ps_agent.rewards import format_valid, question_class, reward_components
+from ps_agent.trajectories import TrajectoryLog, mean
+
+logger = logging.getLogger(__name__)
+
+CLASSES = ("parallelisable", "sequential", "single-hop")
+
+
+@dataclass
+class EvalSettings:
+    """One evaluation: which model and corpus, which modes, how many questions at once."""
+
+    llm: Any = "smollm2"
+    retriever: Any = None
+    modes: Sequence[str] = ("parallel", "sequential")
+    concurrency: int = 4
+    limit: int | None = None
+    strict: bool = False
+    agent: dict[str, Any] = field(default_factory=dict)  # other AgentConfig fields: max_turns, topk, …
+
+
+def dataset_name(path: Path) -> str:
+    """``../shared/data/hotpotqa/dev.jsonl`` → ``hotpotqa``; ``x/questions.jsonl`` → ``x``."""
+    return path.parent.name if path.stem in ("dev", "test", "train", "questions") else path.stem
+
+
+def corpus_for(path: Path, retriever: Any) -> Any:
+    """``"auto"``: the ``corpus.jsonl`` beside a question file, else the embedded corpus."""
+    if retriever != "auto":
+        return retriever
+    sibling = path.parent / "corpus.jsonl"
+    return str(sibling) if sibling.is_file() else None
+
+
+def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, Any]) -> dict[str, Any]:
+    """One evaluated question: answer, metrics, reward components, turns, searches, latency."""
+    trajectory, stats = out["trajectory"], out["stats"]
+    answer, golden = out["answer"], row["golden_answers"]
+    return {
+        "id": row["id"],
+        "dataset": dataset,
+        "mode": mode,
+        "question": row["prompt"],
+        "question_type": row["question_type"],
+        "question_class": question_class(row["question_type"]),
+        "golden_answers": golden,
+        "answer": answer,
+        "em": exact_match(answer, golden),
+        "f1": f1_score(answer, golden),
+        "cover_em": cover_exact_match(answer, golden),
+        "rewards": reward_components(trajectory, golden, row["question_type"]),
+        "llm_calls": stats["llm_calls"],
+        "search_rounds": stats["search_rounds"],
+        "sub_queries_per_round": [len(r["searched"]) for r in trajectory["search_rounds"]],
+        "decomposed": stats["decomposed"],
+        "format_valid": format_valid(trajectory),
+        "forced_answer": stats["forced_answer"],
+        "failed_searches": stats["failed_searches"],
+        "latency_s": stats["latency_s"],
+        "error": None,
+    }
+
+
+def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseException, latency_s: float) -> dict:
+    """A question whose run failed (LLM or retriever): counted in the report, with its reason."""
+    return {
+        "id": row["id"],
+        "dataset": dataset,
+        "mode": mode,
+        "question": row["prompt"],
+        "question_type": row["question_type"],
+        "question_class": question_class(row["question_type"]),
+        "golden_answers": row["golden_answers"],
+        "answer": None,
+        "latency_s": latency_s,
+        "error": f"{type(exc).__name__}: {exc}",
+    }
+
+
+def finished_ids(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    ids = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            ids.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError):
+            continue  # a torn last line: that question runs again
+    return ids
+
+
+async def _evaluate_file(
+    path: Path, settings: EvalSettings, out_dir: Path, progress: Progress, problems: list[str]
+) -> None:
+    dataset = dataset_name(path)
+    rows = read_jsonl(path, problems=None if settings.strict else problems)[: settings.limit]
+    for mode in settings.modes:
+        results = out_dir / "results" / f"{dataset}.{mode}.jsonl"
+        done = finished_ids(results)
+        todo = [row for row in rows if row["id"] not in done]
+        task = progress.add_task(f"{dataset} · {mode}", total=len(rows), completed=len(rows) - len(todo))
+        agent = ParallelSearchAgent(
+            llm=settings.llm, retriever=corpus_for(path, settings.retriever), mode=mode, **settings.agent
+        )
+        log = TrajectoryLog(results)
+        gate = asyncio.Semaphore(settings.concurrency)
+        jobs = (_evaluate_one(agent, row, dataset, mode, gate, log) for row in todo)
+        for finished in asyncio.as_completed(list(jobs)):
+            await finished
+            progress.advance(task)
+
+
+async def _evaluate_one(
+    agent: ParallelSearchAgent,
+    row: dict[str, Any],
+    dataset: str,
+    mode: str,
+    gate: asyncio.Semaphore,
+    log: TrajectoryLog,
+) -> None:
+    """Run one question and append its result line; a failure is recorded with its reason and the run goes on."""
+    async with gate:
+        started = time.time()
+        try:
+            record = result_record(row, dataset, mode, await agent.ainvoke({"question": row["prompt"]}))
+        except Exception as exc:
+            logger.warning("%s %s failed: %s", dataset, row["id"], exc)
+            record = error_record(row, dataset, mode, exc, time.time() - started)
+        log.append(record)
+
+
+def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSettings) -> dict[str, Any]:
+    """Run every question file in every mode (resumable), then write and return the report."""
+    out_dir = Path(out_dir)
+    problems: list[str] = []
+
+    async def run_all() -> None:
+        with Progress() as progress:
+            for path in data:
+                await _evaluate_file(Path(path), settings, out_dir, progress, problems)
+
+    asyncio.run(run_all())
+    return report(out_dir, problems)
+
+
+def read_results(out_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted((out_dir / "results").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("skipping a torn line in %s", path)
+    return records
+
+
+def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over the records that ran, and the count of those that errored."""
+    ok = [r for r in records if r["error"] is None]
+    summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
+    if not ok:
+        return summary
+    summary |= {
+        "em": 100 * mean([r["em"] for r in ok]),
+        "f1": 100 * mean([r["f1"] for r in ok]),
+        "cover_em": 100 * mean([r["cover_em"] for r in ok]),
+        "decomposition_ratio": 100 * mean([float(r["decomposed"]) for r in ok]),
+        "format_valid": 100 * mean([float(r["format_valid"]) for r in ok]),
+        "seconds_per_question": mean([r["latency_s"] for r in ok]),
+        "turns": mean([float(r["llm_calls"]) for r in ok]),
+        "search_rounds": mean([float(r["search_rounds"]) for r in ok]),
+        "reward": mean([r["rewards"]["total"] for r in ok]),
+    }
+    return summary
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per dataset × mode, and per dataset × class × mode."""
+    datasets = sorted({r["dataset"] for r in records})
+    modes = sorted({r["mode"] for r in records})
+    summary: dict[str, Any] = {"by_dataset": {}, "by_class": {}}
+    for d in datasets:
+        summary["by_dataset"][d] = {
+            m: aggregate([r for r in records if r["dataset"] == d and r["mode"] == m]) for m in modes
+        }
+        for c in CLASSES:
+            of_class = [r for r in records if r["dataset"] == d and r["question_class"] == c]
+            if of_class:
+                summary["by_class"][f"{d}/{c}"] = {m: aggregate([r for r in of_class if r["mode"] == m]) for m in modes}
+    summary["overall"] = {m: aggregate([r for r in records if r["mode"] == m]) for m in modes}
+    return summary
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(summary: dict[str, Any], problems: list[str]) -> str:
+    """The paper's layouts: EM per benchmark and mode; per class, parallel vs sequential side by side."""
+    modes = sorted(summary["overall"])
+    datasets = list(summary["by_dataset"])
+    lines = ["# Evaluation", "", "## Exact match (%) per benchmark", ""]
+    lines.append("| mode | " + " | ".join(datasets) + " | average |")
+    lines.append("|---" * (len(datasets) + 2) + "|")
+    for m in modes:
+        ems = [summary["by_dataset"][d][m].get("em") for d in datasets]
+        present = [e for e in ems if e is not None]
+        lines.append(f"| {m} | " + " | ".join(_fmt(e) for e in ems) + f" | {_fmt(mean(present))} |")
+    lines += ["", "## Per question class: " + " vs ".join(modes), ""]
+    header = "| dataset / class | n | " + " | ".join(
+        f"{k} ({m})" for k in ("EM", "decomp. %", "s/question", "turns") for m in modes
+    )
+    lines += [header + " | errors |", "|---" * (2 + 4 * len(modes) + 1) + "|"]
+    for key, by_mode in summary["by_class"].items():
+        cells = []
+        for k in ("em", "decomposition_ratio", "seconds_per_question", "turns"):
+            cells += [_fmt(by_mode[m].get(k), 2 if k in ("seconds_per_question", "turns") else 1) for m in modes]
+        n = max(by_mode[m]["n"] for m in modes)
+        errors = sum(by_mode[m]["errors"] for m in modes)
+        lines.append(f"| {key} | {n} | " + " | ".join(cells) + f" | {errors} |")
+    if problems:
+        lines += ["", f"## Skipped data lines ({len(problems)})", ""] + [f"- {p}" for p in problems]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Turns and EM by question class and mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(summary["by_class"])
+    modes = sorted(summary["overall"])
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(keys) + 4), 4.5))
+    width = 0.8 / max(1, len(modes))
+    for ax, metric, title in ((axes[0], "turns", "LLM calls per question"), (axes[1], "em", "exact match (%)")):
+        for i, m in enumerate(modes):
+            values = [summary["by_class"][k][m].get(metric) or 0 for k in keys]
+            ax.bar([x + i * width for x in range(len(keys))], values, width, label=m)
+        ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(keys))], keys, rotation=30, ha="right")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """Aggregate ``OUT/results`` into ``summary.json``, ``report.md`` and ``plots.png``."""
+    out_dir = Path(out_dir)
+    summary = summarise(read_results(out_dir))
+    summary["skipped_lines"] = problems or []
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "report.md").write_text(markdown(summary, problems or []))
+    if summary["by_class"]:
+        plot(summary, out_dir / "plots.png")
+    return summary

@@ -1,0 +1,81 @@
+"""Question files in the shared jsonl form (``id, question, golden_answers, type``), validated row by row.
+
+Shared by training (TRL rows) and evaluation; a bad row is an error that names its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Dataset ``type`` values this project knows: HotpotQA, 2WikiMultihopQA, MuSiQue, and the synthetic world.
+KNOWN_TYPES = frozenset(
+    {"comparison", "bridge", "compositional", "inference", "bridge_comparison"}
+    | {"2hop", "3hop1", "3hop2", "4hop1", "4hop2", "4hop3"}
+    | {"hybrid", "single"}
+)
+
+
+class DataError(ValueError):
+    """A question row that cannot be trained on; the message names the row."""
+
+
+def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> dict[str, Any]:
+    """Validate one question record and shape it as a TRL row."""
+    if not isinstance(raw, Mapping):
+        raise DataError(f"{where}: expected a JSON object with question and golden_answers, got {type(raw).__name__}")
+    question = raw.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: missing or empty 'question' (expected a non-empty string)")
+    golden = raw.get("golden_answers")
+    if isinstance(golden, str):
+        golden = [golden]
+    if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
+        raise DataError(f"{where}: missing or empty 'golden_answers' (expected a non-empty list of strings)")
+    question_type = raw.get("type") or None
+    if question_type is not None and question_type not in known_types:
+        raise DataError(
+            f"{where}: unknown question type {question_type!r}; expected none (single-hop) or one of "
+            f"{sorted(known_types)}"
+        )
+    return {
+        "prompt": question.strip(),
+        "golden_answers": [g.strip() for g in golden],
+        "question_type": question_type,
+        "id": str(raw.get("id", where)),
+    }
+
+
+def read_jsonl(
+    path: str | Path, known_types: frozenset[str] = KNOWN_TYPES, problems: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Rows of a question jsonl file; a bad line is an error naming its file and line, or, when a
+    ``problems`` list is given, is recorded there (with a warning) and skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"question file not found: {path} (expected jsonl lines of id, question, golden_answers, type)")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                try:
+                    raw = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{where}: not JSON ({exc})") from exc
+                rows.append(to_row(raw, where, known_types))
+            except DataError as exc:
+                if problems is None:
+                    raise
+                logger.warning("skipped %s", exc)
+                problems.append(str(exc))
+    if not rows:
+        raise DataError(f"question file is empty: {path}")
+    return rows

@@ -1,0 +1,267 @@
+"""A deterministic synthetic multi-hop world: fictional entities, one passage each, and questions whose
+width (parallel sub-queries) and depth (sequential hops) are controlled.
+
+    ps-agent synth --seed 0 --entities 200 --out DIR   →   DIR/corpus.jsonl, DIR/questions.jsonl
+
+Entities are people, cities, companies and works with attributes and relations; every question carries
+its answer, its ``type`` (``comparison`` / ``bridge`` / ``hybrid`` / none for single-hop), the gold plan
+(sub-questions grouped by search round, each with the id of the passage that answers it), and the optimal
+number of search rounds and LLM calls. The names are invented, so a model cannot answer from memory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ps_agent.retrieval.corpus import passage_id
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr", "th"]
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ou"]
+_CODAS = ["", "n", "r", "l", "s", "th", "rk", "nd", "x"]
+_OCCUPATIONS = ["cartographer", "composer", "engineer", "botanist", "architect", "astronomer", "sculptor", "chemist"]
+_WORK_KINDS = ["novel", "film", "opera", "album", "play"]
+_WORK_NOUNS = ["Letters", "Tide", "Garden", "Crown"]
+_INDUSTRIES = ["shipping", "textile", "glassworks", "printing", "clockmaking", "brewing"]
+
+
+@dataclass
+class Entity:
+    kind: str
+    name: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return self.name
+
+
+class World:
+    """Entities of a seed; ``passage(e)`` is the one passage that states an entity's facts."""
+
+    def __init__(self, seed: int, entities: int) -> None:
+        if entities < 40:
+            raise ValueError(f"entities must be at least 40 for every question family, got {entities}")
+        self.rng = random.Random(seed)
+        self._names: set[str] = set()
+        n_city, n_person = entities // 5, entities * 2 // 5
+        n_company = n_work = (entities - n_city - n_person) // 2
+        self.countries = [
+            Entity("country", self._name().capitalize() + "ia", {"independence": self.rng.randint(1500, 1990)})
+            for _ in range(max(3, n_city // 4))
+        ]
+        self.cities = [
+            Entity("city", self._name(2).capitalize() + self.rng.choice(["ton", "burg", "mouth", "holm", "grad"]), {
+                "country": self.rng.choice(self.countries).name,
+                "founded": self.rng.randint(800, 1700),
+                "population": self.rng.randint(5, 900) * 1000,
+            })
+            for _ in range(n_city)
+        ]  # fmt: skip
+        self.people = [
+            Entity("person", f"{self._name().capitalize()} {self._name(2).capitalize()}", {
+                "born": self.rng.randint(1700, 1990),
+                "city": self.rng.choice(self.cities).name,
+                "occupation": self.rng.choice(_OCCUPATIONS),
+            })
+            for _ in range(n_person)
+        ]  # fmt: skip
+        self.companies = [
+            Entity("company", f"{self._name(2).capitalize()} {self.rng.choice(['Works', 'Company', 'Group'])}", {
+                "founder": self.rng.choice(self.people).name,
+                "city": self.rng.choice(self.cities).name,
+                "founded": self.rng.randint(1750, 2010),
+                "industry": self.rng.choice(_INDUSTRIES),
+            })
+            for _ in range(n_company)
+        ]  # fmt: skip
+        self.works = [
+            Entity("work", f"The {self._name(2).capitalize()} {self.rng.choice(_WORK_NOUNS)}", {
+                "creator": self.rng.choice(self.people).name,
+                "year": self.rng.randint(1750, 2020),
+                "kind": self.rng.choice(_WORK_KINDS),
+            })
+            for _ in range(n_work)
+        ]  # fmt: skip
+        self.by_name = {e.name: e for e in self.entities}
+
+    @property
+    def entities(self) -> list[Entity]:
+        return self.countries + self.cities + self.people + self.companies + self.works
+
+    def _name(self, syllables: int = 1) -> str:
+        while True:
+            name = "".join(
+                self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+                for _ in range(syllables + 1)
+            )
+            if name not in self._names:
+                self._names.add(name)
+                return name
+
+    def text(self, e: Entity) -> str:
+        """The passage of an entity, from one of several templates (chosen by a stable hash of its name)."""
+        a = e.attrs
+        pick = sum(map(ord, e.name)) % 2
+        if e.kind == "person":
+            return [
+                f"{e.name} (born {a['born']} in {a['city']}) was a {a['occupation']}.",
+                f"{e.name} was a {a['occupation']} born in {a['city']} in the year {a['born']}.",
+            ][pick]
+        if e.kind == "city":
+            return [
+                f"{e.name} is a city in {a['country']}, founded in {a['founded']}, with a population of "
+                f"{a['population']}.",
+                f"Founded in {a['founded']}, {e.name} is a city of {a['population']} people in {a['country']}.",
+            ][pick]
+        if e.kind == "country":
+            return [
+                f"{e.name} is a country that became independent in {a['independence']}.",
+                f"The country of {e.name} gained its independence in {a['independence']}.",
+            ][pick]
+        if e.kind == "company":
+            return [
+                f"{e.name} is a {a['industry']} company founded in {a['founded']} by {a['founder']}, "
+                f"headquartered in {a['city']}.",
+                f"Founded by {a['founder']} in {a['founded']}, {e.name} is a {a['industry']} firm "
+                f"based in {a['city']}.",
+            ][pick]
+        return [
+            f"{e.name} is a {a['kind']} by {a['creator']}, first released in {a['year']}.",
+            f"First released in {a['year']}, {e.name} is a {a['kind']} created by {a['creator']}.",
+        ][pick]
+
+    def pid(self, e: Entity) -> str:
+        return passage_id(e.title, self.text(e))
+
+    def corpus(self) -> list[dict[str, str]]:
+        return [{"id": self.pid(e), "contents": f'"{e.title}"\n{self.text(e)}'} for e in self.entities]
+
+
+# Relations a bridge hop follows: (entity kind, attribute naming another entity, phrase for the question,
+# sub-question for the search).
+_HOPS = {
+    "company": ("founder", "the founder of {}", "{} founder"),
+    "work": ("creator", "the creator of {}", "{} creator"),
+    "person": ("city", "the birthplace of {}", "{} birthplace"),
+    "city": ("country", "the country of {}", "{} country"),
+}
+# What a chain of d rounds asks at its end: d - 1 hops lead from a company or work to this kind.
+_FINAL = {2: ("person", "born", "birth year"), 3: ("city", "founded", "founding year"),
+          4: ("country", "independence", "independence year")}  # fmt: skip
+
+
+def _step(world: World, name: str) -> tuple[str, str, str]:
+    """One hop from an entity: (next entity, noun phrase, sub-question)."""
+    e = world.by_name[name]
+    attr, phrase, query = _HOPS[e.kind]
+    return e.attrs[attr], phrase, query.format(name)
+
+
+def _chain(world: World, rng: random.Random, depth: int) -> dict[str, Any]:
+    """A chain of ``depth`` search rounds: ``depth - 1`` hops from a company or work, then one attribute."""
+    kind, attr, noun = _FINAL[depth]
+    start = rng.choice(world.companies + world.works)
+    plan, phrase, current = [], "{}", start.name
+    for _ in range(depth - 1):
+        nxt, hop_phrase, query = _step(world, current)
+        plan.append({"sub_question": query, "passage_id": world.pid(world.by_name[current])})
+        phrase = hop_phrase.format(phrase)
+        current = nxt
+    end = world.by_name[current]
+    assert end.kind == kind
+    plan.append({"sub_question": f"{current} {noun}", "passage_id": world.pid(end)})
+    return {"phrase": phrase, "start": start.name, "end": end, "value": end.attrs[attr], "plan": plan}
+
+
+def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, Any]]:
+    """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop."""
+    rng = random.Random(seed + 1)
+    out: list[dict[str, Any]] = []
+
+    def add(family: str, qtype: str | None, question: str, answer: str, rounds: list[list[dict]], **extra: Any):
+        out.append({
+            "id": f"synth-{seed}-{len(out)}", "question": question, "golden_answers": [answer], "type": qtype,
+            "family": family, "plan": rounds, "optimal_rounds": len(rounds), "optimal_llm_calls": len(rounds) + 1,
+            **extra,
+        })  # fmt: skip
+
+    for k in range(2, 9):
+        for _ in range(per_family):
+            people = rng.sample(world.people, k)
+            if len({p.attrs["born"] for p in people}) < k:
+                continue
+            first = min(people, key=lambda p: p.attrs["born"])
+            names = ", ".join(p.name for p in people[:-1]) + f" or {people[-1].name}"
+            plan = [[{"sub_question": f"{p.name} birth year", "passage_id": world.pid(p)} for p in people]]
+            add("comparison", "comparison", f"Who was born first: {names}?", first.name, plan, k=k, depth=1)
+    for depth in range(2, 5):
+        for _ in range(per_family):
+            chain = _chain(world, rng, depth)
+            verb = {2: "born", 3: "founded", 4: "made independent"}[depth]
+            question = f"In which year was {chain['phrase'].format(chain['start'])} {verb}?"
+            add("bridge", "bridge", question, str(chain["value"]), [[s] for s in chain["plan"]], k=1, depth=depth)
+    for k in (2, 3):
+        for depth in (2, 3):
+            for _ in range(per_family):
+                chains = [_chain(world, rng, depth) for _ in range(k)]
+                values = [c["value"] for c in chains]
+                if len(set(values)) < k or len({c["start"] for c in chains}) < k:
+                    continue
+                first = min(chains, key=lambda c: c["value"])
+                subjects = [c["phrase"].format(c["start"]) for c in chains]
+                verb = "born" if depth == 2 else "founded"
+                question = f"Which was {verb} first: {', '.join(subjects[:-1])} or {subjects[-1]}?"
+                answer = first["end"].name
+                rounds = [[c["plan"][i] for c in chains] for i in range(depth)]
+                add("hybrid", "hybrid", question, answer, rounds, k=k, depth=depth)
+    for _ in range(per_family * 2):
+        person = rng.choice(world.people)
+        plan = [[{"sub_question": f"{person.name} birth year", "passage_id": world.pid(person)}]]
+        add("single-hop", None, f"In which year was {person.name} born?", str(person.attrs["born"]), plan, k=1, depth=1)
+    return out
+
+
+def generate(seed: int, entities: int, out: str | Path, per_family: int = 3) -> tuple[Path, Path]:
+    """Write ``corpus.jsonl`` and ``questions.jsonl`` for a seed: same seed and sizes, same bytes."""
+    world = World(seed, entities)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus, qs = out / "corpus.jsonl", out / "questions.jsonl"
+    corpus.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in world.corpus()))
+    qs.write_text("".join(json.dumps(q, sort_keys=True) + "\n" for q in questions(world, seed, per_family)))
+    return corpus, qs
+
+
+class GoldPlanPolicy:
+    """An oracle standing in for the model (a test and benchmark double): it searches each synthetic
+    question's gold plan round by round, then answers, in the text protocol.
+
+    With the real graph and a real index, it proves the plumbing — graph, retrieval, parsing, scoring —
+    and gives the optimal number of LLM calls to compare a model against.
+    """
+
+    def __init__(self, questions: list[dict[str, Any]], mode: str = "parallel") -> None:
+        self.plans = {q["question"]: q for q in questions}
+        self.mode = mode
+
+    async def acomplete(self, prompt, transcript, *, stop, max_tokens):
+        from ps_agent.llms import Completion
+        from ps_agent.protocol import render_answer, render_search
+
+        question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
+        q = self.plans[question]
+        steps = (
+            [[s["sub_question"]] for r in q["plan"] for s in r]
+            if self.mode == "sequential"
+            else [[s["sub_question"] for s in r] for r in q["plan"]]
+        )
+        done = sum(segment["role"] == "model" for segment in transcript)
+        if done < len(steps):
+            text = f"<think> step {done + 1} of the plan </think>\n{render_search(steps[done])}"
+        else:
+            text = f"<think> the plan is done </think>\n{render_answer(q['golden_answers'][0])}"
+        return Completion(text=text, prompt_text=prompt[-1]["content"])

@@ -1,0 +1,150 @@
+"""Evaluation: reports from a hand-made results file, bad data lines, resumption, and `ps-agent eval` end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ps_agent.eval import EvalSettings, evaluate, report
+from ps_agent.synthetic import GoldPlanPolicy, generate
+
+PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
+
+
+def result(dataset, mode, cls_type, em, decomposed, calls, latency, error=None):
+    record = {
+        "id": f"{dataset}-{mode}-{em}-{calls}",
+        "dataset": dataset,
+        "mode": mode,
+        "question": "q",
+        "question_type": cls_type,
+        "golden_answers": ["a"],
+        "answer": "a",
+        "latency_s": latency,
+        "error": error,
+        "question_class": {"comparison": "parallelisable", None: "single-hop"}.get(cls_type, "sequential"),
+    }
+    if error is None:
+        record |= {
+            "em": em,
+            "f1": em,
+            "cover_em": em,
+            "decomposed": decomposed,
+            "format_valid": True,
+            "llm_calls": calls,
+            "search_rounds": calls - 1,
+            "rewards": {"total": em},
+        }
+    return record
+
+
+def test_report_aggregates_a_hand_made_results_file(tmp_path):
+    rows = [
+        result("hotpotqa", "parallel", "comparison", 1.0, True, 2, 1.0),
+        result("hotpotqa", "parallel", "comparison", 0.0, True, 2, 3.0),
+        result("hotpotqa", "sequential", "comparison", 1.0, False, 3, 2.0),
+        result("hotpotqa", "sequential", "comparison", 1.0, False, 4, 4.0),
+        result("hotpotqa", "parallel", "bridge", 0.0, False, 3, 2.0),
+        result("hotpotqa", "sequential", "bridge", 0.0, False, 3, 2.0, error="RuntimeError: boom"),
+    ]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "hotpotqa.all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = report(tmp_path)
+    par = summary["by_class"]["hotpotqa/parallelisable"]
+    assert (
+        par["parallel"] | {"em": 50.0, "decomposition_ratio": 100.0, "turns": 2.0, "seconds_per_question": 2.0}
+        == par["parallel"]
+    )
+    assert par["sequential"]["em"] == 100.0 and par["sequential"]["turns"] == 3.5
+    assert summary["by_class"]["hotpotqa/sequential"]["sequential"] == {"n": 1, "errors": 1}
+    assert summary["by_dataset"]["hotpotqa"]["parallel"]["em"] == pytest.approx(100 / 3)
+    text = (tmp_path / "report.md").read_text()
+    assert "| hotpotqa/parallelisable | 2 |" in text and (tmp_path / "plots.png").stat().st_size > 0
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    corpus, questions = generate(seed=1, entities=60, out=tmp_path / "synth")
+    return corpus, questions, [json.loads(line) for line in questions.read_text().splitlines()]
+
+
+def test_bad_lines_are_reported_with_their_line_number_and_skipped(synthetic, tmp_path):
+    corpus, questions, rows = synthetic
+    data = tmp_path / "mixed.jsonl"
+    lines = questions.read_text().splitlines()[:3]
+    data.write_text("\n".join([lines[0], '{"question": "no answers"}', lines[1], "{bad json", lines[2]]) + "\n")
+    settings = EvalSettings(
+        llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), agent={"max_turns": 10}
+    )
+    summary = evaluate([data], tmp_path / "out", settings)
+    assert summary["overall"]["parallel"]["n"] == 3 and summary["overall"]["parallel"]["em"] == 100.0
+    assert [p.split(": ")[0] for p in summary["skipped_lines"]] == [f"{data}:2", f"{data}:4"]
+    assert "Skipped data lines (2)" in (tmp_path / "out" / "report.md").read_text()
+    with pytest.raises(ValueError, match=r"mixed\.jsonl:2: missing or empty 'golden_answers'"):
+        evaluate(
+            [data], tmp_path / "strict", EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), strict=True)
+        )
+
+
+class FailingOnce(GoldPlanPolicy):
+    """Test double: the gold-plan oracle, except that one question's LLM call fails."""
+
+    def __init__(self, rows, fail_on):
+        super().__init__(rows)
+        self.fail_on = fail_on
+
+    async def acomplete(self, prompt, transcript, **kwargs):
+        if self.fail_on in prompt[-1]["content"]:
+            raise ConnectionError("model server went away")
+        return await super().acomplete(prompt, transcript, **kwargs)
+
+
+def test_errors_are_counted_and_a_rerun_resumes(synthetic, tmp_path):
+    corpus, questions, rows = synthetic
+    out = tmp_path / "out"
+    failing = FailingOnce(rows, rows[1]["question"])
+    settings = EvalSettings(llm=failing, retriever=str(corpus), modes=("parallel",), limit=3, agent={"max_turns": 10})
+    summary = evaluate([questions], out, settings)
+    assert summary["overall"]["parallel"] | {"n": 3, "errors": 1} == summary["overall"]["parallel"]
+    results = out / "results" / "synth.parallel.jsonl"
+    error_line = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["error"]]
+    assert error_line[0]["error"].startswith("AgentError: LLM call failed on turn 1: ConnectionError")
+    # a rerun with more questions runs only the new ones
+    settings.limit = 5
+    evaluate([questions], out, settings)
+    assert len(results.read_text().splitlines()) == 5
+
+
+@pytest.mark.slow
+def test_ps_agent_eval_end_to_end_with_the_embedded_model(synthetic, tmp_path, smollm2_path):
+    corpus, questions, _ = synthetic
+    out = tmp_path / "out"
+    command = [
+        PS_AGENT,
+        "eval",
+        "--data",
+        str(questions),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--mode",
+        "both",
+        "--limit",
+        "2",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "32",
+        "--concurrency",
+        "2",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for mode in ("parallel", "sequential"):
+        assert summary["overall"][mode]["n"] == 2 and summary["overall"][mode]["errors"] == 0
+    assert "Exact match (%) per benchmark" in run.stdout
+    assert (out / "plots.png").is_file()
