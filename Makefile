@@ -21,7 +21,7 @@ demo: install
 	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
 test: install
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra tests --nbmake notebooks/quickstart.ipynb
 
 test-fast: install
 	$(VENV)/bin/pytest -q -ra -m "not slow"

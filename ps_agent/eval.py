@@ -20,6 +20,7 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.graph import run_sync
 from ps_agent.metrics import cover_exact_match, exact_match, f1_score
 from ps_agent.questions import read_jsonl
 from ps_agent.rewards import format_valid, question_class, reward_components
@@ -163,7 +164,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             for path in data:
                 await _evaluate_file(Path(path), settings, out_dir, progress, problems)
 
-    asyncio.run(run_all())
+    run_sync(run_all())  # also from Jupyter, whose event loop is already running
     return report(out_dir, problems)
 
 
