@@ -39,6 +39,9 @@ def ask(
     protocol: Annotated[str, typer.Option(help="tags (text protocol) or tools (native tool calling).")] = "tags",
     max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
     topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
+    demonstration: Annotated[
+        bool, typer.Option(help="Put a one-shot demonstration before the prompt (helps small untrained models).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
     """Answer QUESTION and show the trace: each turn, its parallel sub-queries and what they found."""
@@ -46,7 +49,13 @@ def ask(
 
     try:
         agent = ParallelSearchAgent(
-            llm=llm, retriever=corpus, mode=mode, protocol=protocol, max_turns=max_turns, topk=topk
+            llm=llm,
+            retriever=corpus,
+            mode=mode,
+            protocol=protocol,
+            max_turns=max_turns,
+            topk=topk,
+            demonstration=demonstration,
         )
         result = agent.invoke({"question": question})
     except (ValueError, TypeError, FileNotFoundError) as exc:
