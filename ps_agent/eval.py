@@ -57,10 +57,8 @@ def corpus_for(path: Path, retriever: Any) -> Any:
     return str(sibling) if sibling.is_file() else None
 
 
-def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, Any]) -> dict[str, Any]:
-    """One evaluated question: answer, metrics, reward components, turns, searches, latency."""
-    trajectory, stats = out["trajectory"], out["stats"]
-    answer, golden = out["answer"], row["golden_answers"]
+def question_record(row: dict[str, Any], dataset: str, mode: str) -> dict[str, Any]:
+    """What every result line says of its question."""
     return {
         "id": row["id"],
         "dataset": dataset,
@@ -68,7 +66,15 @@ def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, A
         "question": row["prompt"],
         "question_type": row["question_type"],
         "question_class": question_class(row["question_type"]),
-        "golden_answers": golden,
+        "golden_answers": row["golden_answers"],
+    }
+
+
+def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, Any]) -> dict[str, Any]:
+    """One evaluated question: answer, metrics, reward components, turns, searches, latency."""
+    trajectory, stats = out["trajectory"], out["stats"]
+    answer, golden = out["answer"], row["golden_answers"]
+    return question_record(row, dataset, mode) | {
         "answer": answer,
         "em": exact_match(answer, golden),
         "f1": f1_score(answer, golden),
@@ -88,14 +94,7 @@ def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, A
 
 def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseException, latency_s: float) -> dict:
     """A question whose run failed (LLM or retriever): counted in the report, with its reason."""
-    return {
-        "id": row["id"],
-        "dataset": dataset,
-        "mode": mode,
-        "question": row["prompt"],
-        "question_type": row["question_type"],
-        "question_class": question_class(row["question_type"]),
-        "golden_answers": row["golden_answers"],
+    return question_record(row, dataset, mode) | {
         "answer": None,
         "latency_s": latency_s,
         "error": f"{type(exc).__name__}: {exc}",
