@@ -111,7 +111,9 @@ def eval_command(
         str, typer.Option(help="Corpus jsonl for BM25; 'auto': corpus.jsonl beside each data file, else embedded.")
     ] = "auto",
     index: Annotated[Path | None, typer.Option(help="A built index folder (not available yet).")] = None,
-    retriever_url: Annotated[str | None, typer.Option(help="A Search-R1 retrieval server (not available yet).")] = None,
+    retriever_url: Annotated[
+        str | None, typer.Option(help="A Search-R1-protocol retrieval server, e.g. http://127.0.0.1:8000/retrieve.")
+    ] = None,
     llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
     mode: Annotated[str, typer.Option(help="parallel, sequential or both.")] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
@@ -136,7 +138,7 @@ def eval_command(
         raise typer.Exit(2)
     settings = EvalSettings(
         llm=llm,
-        retriever=corpus,
+        retriever=retriever_url or corpus,
         modes=("parallel", "sequential") if mode == "both" else (mode,),
         concurrency=concurrency,
         limit=limit,
@@ -167,6 +169,30 @@ def synth(
         errors.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"wrote {corpus} and {questions}")
+
+
+@app.command("serve-retriever")
+def serve_retriever(
+    corpus: Annotated[str, typer.Option(help="Corpus jsonl (Search-R1 form) for BM25, or 'embedded'.")] = "embedded",
+    host: Annotated[str, typer.Option(help="Interface to bind; loopback unless told otherwise.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    micro_batching: Annotated[bool, typer.Option(help="Gather the queries of concurrent requests.")] = True,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries.")] = 5.0,
+    max_batch: Annotated[int, typer.Option(help="Queries per batch at most.")] = 256,
+) -> None:
+    """Serve a corpus over Search-R1's retrieval protocol, with cross-request micro-batching."""
+    import uvicorn
+
+    from ps_agent.retrieval import resolve_retriever
+    from ps_agent.retrieval.server import ServerLimits, create_app
+
+    try:
+        retriever = resolve_retriever(corpus)
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    limits = ServerLimits(max_wait_ms=max_wait_ms, max_batch=max_batch, micro_batching=micro_batching)
+    uvicorn.run(create_app(retriever, limits), host=host, port=port, log_level="warning")
 
 
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")

@@ -46,9 +46,17 @@ def bm25_for_corpus(corpus: str = EMBEDDED) -> BM25Retriever:
     return BM25Retriever(passages, cache=cache)
 
 
+@functools.lru_cache(maxsize=8)
+def _http_retriever(url: str) -> Retriever:
+    from ps_agent.retrieval.http import HTTPRetriever
+
+    return HTTPRetriever(url)  # one per URL, so its connection pool is shared by every search
+
+
 def resolve_retriever(spec: Any = None) -> Retriever:
-    """A ``Retriever`` from a spec: None or ``"embedded"`` (BM25 over the embedded corpus),
-    a corpus jsonl path, a ``Retriever``, or a LangChain ``BaseRetriever``/``VectorStore``."""
+    """A ``Retriever`` from a spec: None or ``"embedded"`` (BM25 over the embedded corpus), a corpus
+    jsonl path, a retrieval server URL (``http://HOST:PORT[/retrieve]``, Search-R1 protocol), a
+    ``Retriever``, or a LangChain ``BaseRetriever``/``VectorStore``."""
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.vectorstores import VectorStore
 
@@ -56,6 +64,8 @@ def resolve_retriever(spec: Any = None) -> Retriever:
 
     if spec is None or spec == EMBEDDED:
         spec = EMBEDDED
+    if isinstance(spec, str) and spec.startswith(("http://", "https://")):
+        return _http_retriever(spec)
     if isinstance(spec, (str, Path)):
         with _BUILD_LOCK:  # concurrent first runs build a corpus's index once
             return bm25_for_corpus(spec if spec == EMBEDDED else str(Path(spec).resolve()))

@@ -1,0 +1,130 @@
+"""The retrieval server, started for real on 127.0.0.1, exercised with Search-R1's JSON and with the client."""
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ps_agent import ParallelSearchAgent
+from ps_agent.retrieval.http import HTTPRetriever
+from tests.conftest import free_port, wait_for_http
+from tests.doubles import scripted_llm
+from tests.test_retrieval import DOCS
+
+PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"{t}"\n{x}'}) + "\n"
+                            for i, (t, x) in enumerate(DOCS.items())))  # fmt: skip
+    return path
+
+
+def start_server(corpus, tmp_path, *flags):
+    port = free_port()
+    log = tmp_path / f"server-{port}.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [PS_AGENT, "serve-retriever", "--corpus", str(corpus), "--port", str(port), *flags],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=log)
+    return server, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def server(corpus, tmp_path_factory):
+    process, url = start_server(corpus, tmp_path_factory.mktemp("server"), "--max-wait-ms", "20")
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return float(re.search(rf"^{name} (\S+)$", text, re.MULTILINE).group(1))
+
+
+def test_search_r1_json(server):
+    body = {"queries": ["Eiffel Tower completed", "amphitheatre in Rome"], "topk": 2, "return_scores": True}
+    response = httpx.post(f"{server}/retrieve", json=body)
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert len(result) == 2 and len(result[0]) <= 2
+    assert result[0][0]["document"]["contents"].startswith('"Eiffel Tower"\n')
+    assert isinstance(result[0][0]["score"], float)
+    plain = httpx.post(f"{server}/retrieve", json=body | {"return_scores": False}).json()["result"]
+    assert set(plain[1][0]) == {"id", "contents"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"queries": [], "topk": 3}, "at least 1 item"),
+        ({"queries": ["q"] * 300, "topk": 3}, "too many queries: 300"),
+        ({"queries": ["q"], "topk": 0}, "greater than or equal to 1"),
+        ({"queries": ["q"], "topk": 1000}, "topk 1000 out of bounds"),
+        ({"queries": ["x" * 3000], "topk": 1}, "at most 2000"),
+        ({"queries": ["  "], "topk": 1}, "query 0 is empty"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(server, body, message):
+    response = httpx.post(f"{server}/retrieve", json=body)
+    assert 400 <= response.status_code < 500 and message in response.text
+    assert httpx.post(f"{server}/retrieve", content=b"{not json").status_code == 422
+    assert httpx.post(f"{server}/retrieve", json={"queries": ["Big Ben"], "topk": 1}).status_code == 200
+
+
+def test_concurrent_requests_are_micro_batched(server):
+    before_batches = metric(server, "retrieve_batches_total")
+    before_requests = metric(server, "retrieve_requests_total")
+    client = HTTPRetriever(server)
+
+    async def burst():
+        return await asyncio.gather(*(client.asearch([f"Colosseum Rome {i}"], 1) for i in range(16)))
+
+    results = asyncio.run(burst())
+    assert all(r[0][0].title == "Colosseum" for r in results)
+    batches = metric(server, "retrieve_batches_total") - before_batches
+    assert metric(server, "retrieve_requests_total") - before_requests == 16
+    assert batches < 16, f"16 concurrent requests ran in {batches} batches"
+
+
+def test_without_micro_batching_each_request_is_its_own_batch(corpus, tmp_path):
+    process, url = start_server(corpus, tmp_path, "--no-micro-batching")
+    try:
+        client = HTTPRetriever(url)
+
+        async def burst():
+            return await asyncio.gather(*(client.asearch(["Big Ben", "Eiffel"], 1) for _ in range(8)))
+
+        asyncio.run(burst())
+        assert metric(url, "retrieve_batches_total") == 8
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_a_client_that_disconnects_mid_batch_breaks_nothing(server):
+    async def impatient():
+        async with httpx.AsyncClient(timeout=0.001) as hasty:
+            with pytest.raises(httpx.TimeoutException):
+                await hasty.post(f"{server}/retrieve", json={"queries": ["Big Ben"] * 50, "topk": 3})
+
+    asyncio.run(impatient())
+    assert asyncio.run(HTTPRetriever(server).asearch(["clock London"], 1))[0][0].title == "Big Ben"
+
+
+def test_the_agent_answers_through_the_server(server):
+    llm = scripted_llm("<search> Eiffel Tower ## Statue of Liberty </search>", "<answer> Statue of Liberty </answer>")
+    out = ParallelSearchAgent(llm=llm, retriever=server).invoke("Which is older?")
+    (record,) = out["trajectory"]["search_rounds"]
+    assert [r["passages"][0]["title"] for r in record["results"]] == ["Eiffel Tower", "Statue of Liberty"]
+    assert "Doc 1(Title: Statue of Liberty)" in out["trajectory"]["response"]
