@@ -121,3 +121,14 @@ def test_langchain_faiss_vector_store_and_retriever(minilm):
     by_retriever = asyncio.run(via_retriever.asearch(["clock tower in London"], 1))[0]
     assert by_store[0].title == "Colosseum" and by_store[0].score is not None
     assert [p.title for p in by_retriever] == ["Big Ben"]
+
+
+def test_our_retrievers_as_a_langchain_retriever(corpus_file):
+    from ps_agent.retrieval.langchain import PassageRetriever
+
+    lc = PassageRetriever(retriever=BM25Retriever(load_jsonl_corpus(corpus_file)), k=2)
+    docs = lc.invoke("Statue of Liberty New York")
+    assert docs[0].metadata["title"] == "Statue of Liberty" and len(docs) <= 2
+    assert asyncio.run(lc.ainvoke("Colosseum"))[0].metadata["title"] == "Colosseum"
+    # and back: a LangChain retriever of ours resolves to a Retriever again
+    assert asyncio.run(resolve_retriever(lc).asearch(["Big Ben"], 1))[0][0].title == "Big Ben"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
@@ -46,3 +47,19 @@ class VectorStoreRetriever:
             hits = await self.store.asimilarity_search_with_score(query, k=k)
             results.append([document_to_passage(doc, float(score)) for doc, score in hits])
         return results
+
+
+class PassageRetriever(BaseRetriever):
+    """Any ``Retriever`` of this project (BM25, the HTTP client, …) as a LangChain ``BaseRetriever``."""
+
+    retriever: Any
+    k: int = 3
+
+    def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:
+        from ps_agent.graph import run_sync
+
+        return run_sync(self._aget_relevant_documents(query, run_manager=run_manager))
+
+    async def _aget_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:
+        (passages,) = await self.retriever.asearch([query], self.k)
+        return [Document(page_content=p.text, id=p.id, metadata={"title": p.title, "score": p.score}) for p in passages]
