@@ -2,8 +2,9 @@
 
     python benchmarks/learning.py [--minutes 60] [--questions 48]
 
-Trains on a balanced sample of ../shared/data/hotpotqa/dev.jsonl (comparison = parallelisable, bridge =
-sequential) with its own corpus (BM25), or on the built-in questions when the shared data is absent.
+Trains on a balanced sample of comparison (parallelisable) and bridge (sequential) questions: by default
+2-way comparisons and 2-hop bridges of the synthetic world (``--source synthetic``), or
+../shared/data/hotpotqa/dev.jsonl with its corpus (``--source hotpotqa``), each searched with BM25.
 Reads the run's trajectory log and writes, per step, the total reward and each component, the
 decomposition ratio on parallelisable and on sequential questions, search rounds, format validity and
 forced answers to benchmarks/results/learning.json, with curves in learning.png and a summary in
@@ -25,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from ps_agent.synthetic import generate  # noqa: E402
 from ps_agent.trajectories import mean, read_trajectories  # noqa: E402
 from training.data import load_questions  # noqa: E402
 from training.run_grpo import main as run_grpo  # noqa: E402
@@ -45,11 +47,17 @@ class TimeBudget(TrainerCallback):
         return control
 
 
-def training_questions(n: int, seed: int, out: Path) -> tuple[str, str | None]:
+def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, str | None]:
     """A balanced jsonl sample (half comparison, half bridge), and the corpus to search."""
-    if not (SHARED / "dev.jsonl").is_file():
+    if source == "synthetic":
+        corpus, questions = generate(seed, 400, out / "synth", per_family=n)
+        rows = [json.loads(line) for line in questions.read_text().splitlines()]
+        rows = [r for r in rows if (r["family"], r["k"], r["depth"]) in {("comparison", 2, 1), ("bridge", 1, 2)}]
+    elif (SHARED / "dev.jsonl").is_file():
+        corpus = SHARED / "corpus.jsonl"
+        rows = [json.loads(line) for line in (SHARED / "dev.jsonl").read_text().splitlines() if line.strip()]
+    else:
         return "builtin", None
-    rows = [json.loads(line) for line in (SHARED / "dev.jsonl").read_text().splitlines() if line.strip()]
     rng = random.Random(seed)
     sample = []
     for kind in ("comparison", "bridge"):
@@ -59,7 +67,7 @@ def training_questions(n: int, seed: int, out: Path) -> tuple[str, str | None]:
     path = out / "questions.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in sample))
-    return str(path), str(SHARED / "corpus.jsonl")
+    return str(path), str(corpus)
 
 
 def curves(records: list[dict]) -> list[dict]:
@@ -117,17 +125,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--questions", type=int, default=48)
+    parser.add_argument(
+        "--source",
+        choices=("synthetic", "hotpotqa"),
+        default="synthetic",
+        help="synthetic: 2-way comparisons and 2-hop bridges of the synthetic world (fictional, so the model must "
+        "search); hotpotqa: ../shared/data/hotpotqa/dev.jsonl with its corpus",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "learning")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args, grpo_flags = parser.parse_known_args()
 
-    data, corpus = training_questions(args.questions, args.seed, args.run_dir)
+    data, corpus = training_questions(args.questions, args.seed, args.run_dir, args.source)
     flags = [
         "--data", data, "--output_dir", str(args.run_dir), "--max_steps", "100000", "--save_steps", "25",
         "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4", "--num_generations", "4",
         "--learning_rate", "5e-5", "--bf16", "true",
-        "--temperature", "0.8", "--max_turns", "2", "--topk", "2", "--max_new_tokens", "64",
+        "--temperature", "0.7", "--max_turns", "2", "--topk", "2", "--max_new_tokens", "64",
         "--seed", str(args.seed), *grpo_flags,
     ]  # fmt: skip
     if corpus:
@@ -141,8 +156,8 @@ def main() -> None:
                                             "format_valid", "reward/outcome")}  # fmt: skip
     result = {
         "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]),
-        "data": data,
-        "corpus": corpus or "embedded",
+        "data": data.replace(f"{ROOT}/", ""),
+        "corpus": (corpus or "embedded").replace(f"{ROOT}/", ""),
         "questions": len(load_questions(data)),
         "minutes": minutes,
         "steps": len(rows),
@@ -156,7 +171,7 @@ def main() -> None:
         "# Learning check (GRPO, SmolLM2-135M + LoRA, CPU)",
         "",
         f"`{result['command']}`: {result['steps']} steps in {minutes:.0f} min on {result['questions']} questions "
-        f"({data}, corpus {result['corpus']}).",
+        f"({result['data']}, corpus {result['corpus']}).",
         "",
         "| signal | first third | last third |",
         "|---|---|---|",

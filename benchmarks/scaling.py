@@ -115,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--smollm2-per-setting", type=int, default=1, help="0 skips the SmolLM2 runs")
+    parser.add_argument("--llm", default="smollm2", help="SmolLM2 spec: smollm2 (in process) or vllm:URL (served)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -134,7 +135,7 @@ def main() -> None:
                 chosen.append(q)
         for mode in ("parallel", "sequential"):
             rows += run(
-                "smollm2", "smollm2", retriever, chosen, mode, max_turns=4, max_new_tokens=96, demonstration=True
+                "smollm2", args.llm, retriever, chosen, mode, max_turns=4, max_new_tokens=96, demonstration=True
             )
     summary = table(rows)
     result = {"command": "python benchmarks/scaling.py " + " ".join(sys.argv[1:]), "latency_ms": args.latency_ms,
