@@ -24,7 +24,7 @@ from ps_agent.graph import run_sync
 from ps_agent.metrics import cover_exact_match, exact_match, f1_score
 from ps_agent.questions import read_jsonl
 from ps_agent.rewards import format_valid, question_class, reward_components
-from ps_agent.trajectories import TrajectoryLog, mean
+from ps_agent.trajectories import TrajectoryLog, mean, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -102,15 +102,8 @@ def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseExceptio
 
 
 def finished_ids(path: Path) -> set[str]:
-    if not path.is_file():
-        return set()
-    ids = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            ids.add(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError):
-            continue  # a torn last line: that question runs again
-    return ids
+    """Ids already in a results file (a torn last line does not count: that question runs again)."""
+    return {record["id"] for record in read_records([path])} if path.is_file() else set()
 
 
 async def _evaluate_file(
@@ -168,14 +161,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
 
 
 def read_results(out_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    for path in sorted((out_dir / "results").glob("*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("skipping a torn line in %s", path)
-    return records
+    return read_records(sorted((out_dir / "results").glob("*.jsonl")))
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:

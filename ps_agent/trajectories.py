@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,21 @@ class TrajectoryLog:
             os.close(fd)
 
 
-def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every logged rollout of a run (all processes); a torn last line is skipped."""
+def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The JSON lines of ``paths`` in order; a torn line (a crash mid-write) is skipped with a warning."""
     records = []
-    for path in sorted(Path(run_dir).glob("trajectories*.jsonl")):
+    for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 logger.warning("skipping a torn line in %s", path)
     return records
+
+
+def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every logged rollout of a run (all processes)."""
+    return read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))
 
 
 def mean(values: list[float]) -> float | None:
