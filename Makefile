@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
-QUESTION ?= Which is older, the Eiffel Tower or the Statue of Liberty?
+QUESTION ?= Which mountain is higher, Mount Everest or K2?
 
 .PHONY: install demo test test-fast lint format studio bench clean
 
