@@ -99,6 +99,17 @@ def context_ids(tokenizer: Any, prompt: ChatPrompt, transcript: Sequence[Segment
     return ids
 
 
+def generated_length(tokenizer: Any, new: list[int], stop: Sequence[str]) -> int:
+    """How many of ``new`` tokens belong to the turn: through EOS or the token that completes the first
+    stop string (batch rows and backends without stop strings run on past it)."""
+    for j, token in enumerate(new):
+        if token == tokenizer.eos_token_id:
+            return j + 1
+        if ">" in tokenizer.decode([token]) and any(s in tokenizer.decode(new[: j + 1]) for s in stop):
+            return j + 1
+    return len(new)
+
+
 class TransformersPolicy:
     """A local causal LM: the prompt through its chat template, the response as exact token ids.
 
@@ -142,15 +153,6 @@ class TransformersPolicy:
     def context_ids(self, prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[int]:
         return context_ids(self.tokenizer, prompt, transcript)
 
-    def _own_length(self, new: list[int], stop: Sequence[str]) -> int:
-        """How many of a batch row's new tokens the row generated: through EOS or the first stop string."""
-        for j, token in enumerate(new):
-            if token == self.tokenizer.eos_token_id:
-                return j + 1
-            if ">" in self.tokenizer.decode([token]) and any(s in self.tokenizer.decode(new[: j + 1]) for s in stop):
-                return j + 1
-        return len(new)
-
     def generate(self, contexts: list[list[int]], stop: Sequence[str], max_tokens: int) -> list[Completion]:
         """One left-padded batch of generations, each stopping at EOS, a stop string or ``max_tokens``."""
         import torch
@@ -180,7 +182,7 @@ class TransformersPolicy:
         completions = []
         for row, context in enumerate(contexts):
             new = out.sequences[row, width:].tolist()
-            n = self._own_length(new, stop)
+            n = generated_length(self.tokenizer, new, stop)
             ids = new[:n]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             stopped = bool(ids) and (ids[-1] == self.tokenizer.eos_token_id or any(s in text for s in stop))

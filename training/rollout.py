@@ -24,8 +24,18 @@ from typing import Any
 import httpx
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import Completion, OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
+from ps_agent.llms import (
+    Completion,
+    OpenAICompletionsPolicy,
+    TransformersPolicy,
+    chat_prompt_ids,
+    context_ids,
+    generated_length,
+    segment_ids,
+)
+from ps_agent.protocol import ChatPrompt
 from ps_agent.rewards import COMPONENTS, RewardWeights, decomposed, format_valid, question_class, reward_components
+from ps_agent.state import Segment
 from ps_agent.trajectories import TrajectoryLog, mean
 
 logger = logging.getLogger(__name__)
@@ -120,19 +130,16 @@ class TRLVLLMPolicy:
         self.trainer = trainer
         self.tokenizer = trainer.processing_class
 
-    async def acomplete(self, prompt: str, transcript: Sequence, *, stop: Sequence[str], max_tokens: int) -> Completion:
-        from ps_agent.llms import context_ids
-
+    async def acomplete(
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
         context = context_ids(self.tokenizer, prompt, transcript)
         _, completions, logprobs, _ = await asyncio.to_thread(
             self.trainer.vllm_generation.generate, prompts=[context], images=None, num_generations=1
         )
         ids, lps = list(completions[0]), [lp[0] if isinstance(lp, list) else lp for lp in logprobs[0]]
-        for j in range(len(ids)):
-            if any(s in self.tokenizer.decode(ids[: j + 1]) for s in stop):
-                ids, lps = ids[: j + 1], lps[: j + 1]
-                break
-        ids, lps = ids[:max_tokens], lps[:max_tokens]
+        n = min(generated_length(self.tokenizer, ids, stop), max_tokens)
+        ids, lps = ids[:n], lps[:n]
         return Completion(
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
             prompt_text=self.tokenizer.decode(context),
