@@ -32,7 +32,9 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log prog
 def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
-    corpus: Annotated[str | None, typer.Option(help="Corpus jsonl (Search-R1 form); default: embedded.")] = None,
+    corpus: Annotated[
+        str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
+    ] = None,
     mode: Annotated[
         str, typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1).")
     ] = "parallel",
@@ -110,7 +112,9 @@ def eval_command(
     corpus: Annotated[
         str, typer.Option(help="Corpus jsonl for BM25; 'auto': corpus.jsonl beside each data file, else embedded.")
     ] = "auto",
-    index: Annotated[Path | None, typer.Option(help="A built index folder (not available yet).")] = None,
+    index: Annotated[
+        Path | None, typer.Option(help="A folder built by `ps-agent index build` (instead of --corpus).")
+    ] = None,
     retriever_url: Annotated[
         str | None, typer.Option(help="A Search-R1-protocol retrieval server, e.g. http://127.0.0.1:8000/retrieve.")
     ] = None,
@@ -127,18 +131,23 @@ def eval_command(
     """Run the agent over question files (resumable) and write the paper's tables and plots."""
     from ps_agent.eval import EvalSettings, evaluate
 
-    if index is not None or retriever_url is not None:
-        errors.print(
-            "[red]error:[/red] --index and --retriever-url need the dense index and retrieval server, "
-            "which are not built yet; use --corpus FILE (BM25) or --corpus auto"
-        )
+    if index is not None and retriever_url is not None:
+        errors.print("[red]error:[/red] give --index or --retriever-url, not both")
         raise typer.Exit(2)
+    if index is not None:
+        try:
+            from ps_agent.retrieval import index_retriever
+
+            index_retriever(str(index.resolve()))  # refuse a mismatched folder before any question runs
+        except ValueError as exc:
+            errors.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
     if mode not in ("parallel", "sequential", "both"):
         errors.print(f"[red]error:[/red] --mode must be parallel, sequential or both, got {mode!r}")
         raise typer.Exit(2)
     settings = EvalSettings(
         llm=llm,
-        retriever=retriever_url or corpus,
+        retriever=str(index.resolve()) if index else retriever_url or corpus,
         modes=("parallel", "sequential") if mode == "both" else (mode,),
         concurrency=concurrency,
         limit=limit,
@@ -173,26 +182,82 @@ def synth(
 
 @app.command("serve-retriever")
 def serve_retriever(
-    corpus: Annotated[str, typer.Option(help="Corpus jsonl (Search-R1 form) for BM25, or 'embedded'.")] = "embedded",
+    index: Annotated[Path | None, typer.Option(help="A folder built by `ps-agent index build`.")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="Which of the folder's indexes: flat, hnsw, ivfpq, bm25 or hybrid.")
+    ] = None,
+    encoder: Annotated[
+        str | None, typer.Option(help="Refuse the folder unless it was built with this encoder.")
+    ] = None,
+    corpus: Annotated[
+        str, typer.Option(help="Without --index: a corpus jsonl served with BM25, or 'embedded'.")
+    ] = "embedded",
     host: Annotated[str, typer.Option(help="Interface to bind; loopback unless told otherwise.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     micro_batching: Annotated[bool, typer.Option(help="Gather the queries of concurrent requests.")] = True,
     max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries.")] = 5.0,
     max_batch: Annotated[int, typer.Option(help="Queries per batch at most.")] = 256,
 ) -> None:
-    """Serve a corpus over Search-R1's retrieval protocol, with cross-request micro-batching."""
+    """Serve an index (or a corpus with BM25) over Search-R1's retrieval protocol, with micro-batching."""
     import uvicorn
 
     from ps_agent.retrieval import resolve_retriever
+    from ps_agent.retrieval.index import load_index
     from ps_agent.retrieval.server import ServerLimits, create_app
 
     try:
-        retriever = resolve_retriever(corpus)
+        retriever = load_index(index, kind, encoder=encoder) if index else resolve_retriever(corpus)
     except ValueError as exc:
         errors.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     limits = ServerLimits(max_wait_ms=max_wait_ms, max_batch=max_batch, micro_batching=micro_batching)
     uvicorn.run(create_app(retriever, limits), host=host, port=port, log_level="warning")
+
+
+index_app = typer.Typer(help="Build and inspect retrieval indexes.")
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("build")
+def build_index_command(
+    corpus: Annotated[
+        str,
+        typer.Option(help="Corpus: .jsonl (Search-R1), .parquet, a datasets folder, hf:NAME[:SPLIT] or 'embedded'."),
+    ],
+    out: Annotated[Path, typer.Option(help="The index folder (a rerun continues an interrupted build).")],
+    index: Annotated[
+        list[str], typer.Option(help="flat, hnsw, ivfpq or bm25; repeat for several (dense + bm25 serve hybrid).")
+    ] = ["flat"],  # noqa: B006 (typer reads the default)
+    encoder: Annotated[
+        str, typer.Option(help="minilm (embedded), or an E5/sentence-transformers name or path.")
+    ] = "minilm",
+    batch_size: Annotated[int, typer.Option(help="Passages per encoder batch.")] = 16,
+    device: Annotated[str | None, typer.Option(help="Encoder device (cpu, cuda); default: the best there is.")] = None,
+    shard_size: Annotated[int, typer.Option(help="Passages per embedding shard (the unit of resuming).")] = 10_000,
+) -> None:
+    """Build a retrieval index folder: passage store, sharded embeddings, FAISS/BM25 indexes, manifest."""
+    from ps_agent.retrieval.index import build_index
+
+    try:
+        manifest = build_index(
+            corpus, out, index, encoder, batch_size=batch_size, device=device, shard_size=shard_size, progress=True
+        )
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"built {', '.join(manifest['index_types'])} over {manifest['count']} passages in {out}")
+
+
+@index_app.command("info")
+def index_info(folder: Annotated[Path, typer.Argument(help="An index folder.")]) -> None:
+    """Print an index folder's manifest."""
+    from ps_agent.retrieval.index import read_manifest
+
+    try:
+        console.print_json(json.dumps(read_manifest(folder)))
+    except ValueError as exc:
+        errors.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
 
 
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")

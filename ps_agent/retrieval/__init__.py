@@ -25,6 +25,7 @@ __all__ = [
     "Retriever",
     "SearchOutcome",
     "bm25_for_corpus",
+    "index_retriever",
     "resilient_search",
     "resolve_retriever",
 ]
@@ -47,6 +48,14 @@ def bm25_for_corpus(corpus: str = EMBEDDED) -> BM25Retriever:
 
 
 @functools.lru_cache(maxsize=8)
+def index_retriever(folder: str, kind: str | None = None) -> Retriever:
+    """A built index folder (``ps-agent index build``), loaded once and checked against its manifest."""
+    from ps_agent.retrieval.index import load_index
+
+    return load_index(folder, kind)
+
+
+@functools.lru_cache(maxsize=8)
 def _http_retriever(url: str) -> Retriever:
     from ps_agent.retrieval.http import HTTPRetriever
 
@@ -55,8 +64,9 @@ def _http_retriever(url: str) -> Retriever:
 
 def resolve_retriever(spec: Any = None) -> Retriever:
     """A ``Retriever`` from a spec: None or ``"embedded"`` (BM25 over the embedded corpus), a corpus
-    jsonl path, a retrieval server URL (``http://HOST:PORT[/retrieve]``, Search-R1 protocol), a
-    ``Retriever``, or a LangChain ``BaseRetriever``/``VectorStore``."""
+    jsonl path, a built index folder (``ps-agent index build``), a retrieval server URL
+    (``http://HOST:PORT[/retrieve]``, Search-R1 protocol), a ``Retriever``, or a LangChain
+    ``BaseRetriever``/``VectorStore``."""
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.vectorstores import VectorStore
 
@@ -66,6 +76,9 @@ def resolve_retriever(spec: Any = None) -> Retriever:
         spec = EMBEDDED
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         return _http_retriever(spec)
+    if isinstance(spec, (str, Path)) and (Path(spec) / "manifest.json").is_file():
+        with _BUILD_LOCK:
+            return index_retriever(str(Path(spec).resolve()))
     if isinstance(spec, (str, Path)):
         with _BUILD_LOCK:  # concurrent first runs build a corpus's index once
             return bm25_for_corpus(spec if spec == EMBEDDED else str(Path(spec).resolve()))

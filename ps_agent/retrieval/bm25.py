@@ -1,17 +1,17 @@
-"""BM25 over a passage list with ``bm25s``, cached on disk by corpus checksum."""
+"""BM25 with ``bm25s`` over a passage list or an on-disk passage store, saved to / loaded from a folder."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import bm25s
-from bm25s.tokenization import Tokenizer
+from bm25s.tokenization import Tokenized, Tokenizer
 
 from ps_agent.retrieval.base import Passage
+from ps_agent.retrieval.store import PassageStore
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class BM25Retriever:
     def __init__(self, passages: Sequence[Passage], cache: str | Path | None = None) -> None:
         if not passages:
             raise ValueError("BM25Retriever needs at least one passage")
-        self.passages = list(passages)
+        self.passages = passages if isinstance(passages, PassageStore) else list(passages)
         self.tokenizer = Tokenizer(stopwords="en")
         cache = Path(cache) if cache else None
         if cache is not None and (cache / "params.index.json").is_file():
@@ -30,30 +30,38 @@ class BM25Retriever:
             self.index = bm25s.BM25.load(str(cache), show_progress=False)
             return
         self.index = bm25s.BM25()
-        tokens = self.tokenizer.tokenize(
-            [f"{p.title} {p.text}" for p in self.passages], show_progress=False, return_as="tuple"
-        )
-        self.index.index(tokens, show_progress=False)
+        ids: list[list[int]] = []
+        for texts in _contents(self.passages):  # tokenised in chunks into one vocabulary
+            ids += self.tokenizer.tokenize(texts, update_vocab=True, show_progress=False, return_as="ids")
+        self.index.index(Tokenized(ids=ids, vocab=self.tokenizer.get_vocab_dict()), show_progress=False)
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
             self.index.save(str(cache), show_progress=False)
             self.tokenizer.save_vocab(str(cache))
-            (cache / "ids.json").write_text(json.dumps([p.id for p in self.passages]))
-            logger.info("cached BM25 index of %d passages in %s", len(self.passages), cache)
+            logger.info("saved BM25 index of %d passages in %s", len(self.passages), cache)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query (fewer when fewer match at all)."""
         k = min(k, len(self.passages))
         tokens = self.tokenizer.tokenize(list(queries), update_vocab=False, show_progress=False)
         docs, scores = self.index.retrieve(tokens, k=k, show_progress=False, n_threads=1)
-        return [
-            [
-                Passage(self.passages[i].id, self.passages[i].title, self.passages[i].text, float(s))
-                for i, s in zip(row, row_scores, strict=True)
-                if s > 0
-            ]
-            for row, row_scores in zip(docs.tolist(), scores.tolist(), strict=True)
-        ]
+        results = []
+        for row, row_scores in zip(docs.tolist(), scores.tolist(), strict=True):
+            hits = [(i, s) for i, s in zip(row, row_scores, strict=True) if s > 0]
+            results.append([_scored(self.passages[i], s) for i, s in hits])
+        return results
 
     async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         return await asyncio.to_thread(self.search, queries, k)
+
+
+def _scored(passage: Passage, score: float) -> Passage:
+    return Passage(passage.id, passage.title, passage.text, float(score))
+
+
+def _contents(passages: Sequence[Passage], chunk: int = 10_000) -> Iterator[list[str]]:
+    if isinstance(passages, PassageStore):
+        yield from passages.iter_contents(batch_size=chunk)
+        return
+    for start in range(0, len(passages), chunk):
+        yield [p.contents for p in passages[start : start + chunk]]

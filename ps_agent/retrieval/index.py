@@ -1,0 +1,283 @@
+"""Index folders: built resumably from a streamed corpus, loaded only when their manifest matches.
+
+    ps-agent index build --corpus FILE --encoder minilm --index flat --out DIR
+
+A folder holds::
+
+    build.json          the build's plan (corpus fingerprint, encoder): a rerun continues only the same build
+    passages.arrow      the passage store (Arrow IPC, memory-mapped when searching)
+    embeddings/NNNNN.npy  passage embeddings in shards of ``shard_size`` rows (each written whole, then renamed)
+    flat.faiss hnsw.faiss ivfpq.faiss  bm25/
+    manifest.json       written last: index types, encoder, dimension, count, corpus checksum
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+from ps_agent.retrieval.base import Retriever
+from ps_agent.retrieval.bm25 import BM25Retriever
+from ps_agent.retrieval.corpus import CorpusError
+from ps_agent.retrieval.dense import DENSE_TYPES, DenseRetriever, HybridRetriever, new_index, on_gpu_if_present
+from ps_agent.retrieval.encoders import Encoder, canonical_name, load_encoder
+from ps_agent.retrieval.store import PassageStore, corpus_fingerprint, iter_corpus
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+INDEX_TYPES = (*DENSE_TYPES, "bm25")
+MAX_TRAINING_POINTS = 500_000
+
+
+class IndexMismatch(ValueError):
+    """An index folder that does not fit what it is asked to serve (encoder, corpus, contents)."""
+
+
+def _write_json(path: Path, value: dict) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def _same_build(plan: dict, previous: dict) -> str | None:
+    """Why a folder's earlier plan is not this build, or None."""
+    if previous.get("format") != FORMAT:
+        return f"it has format {previous.get('format')}, this version writes {FORMAT}"
+    if previous["corpus"]["checksum"] != plan["corpus"]["checksum"]:
+        return f"it was built from corpus {previous['corpus']['source']} with other contents"
+    if previous["encoder"] and plan["encoder"] and previous["encoder"] != plan["encoder"]:
+        return f"it was encoded with {previous['encoder']}, not {plan['encoder']}"
+    if previous["shard_size"] != plan["shard_size"]:
+        return f"its embedding shards hold {previous['shard_size']} rows, not {plan['shard_size']}"
+    return None
+
+
+def build_index(
+    corpus: str | Path,
+    out: str | Path,
+    index_types: Sequence[str] = ("flat",),
+    encoder: str | None = None,
+    *,
+    batch_size: int = 64,
+    device: str | None = None,
+    shard_size: int = 10_000,
+    progress: bool = True,
+) -> dict:
+    """Build (or continue building) the index types in ``out``; returns the manifest."""
+    unknown = sorted(set(index_types) - set(INDEX_TYPES))
+    if unknown or not index_types:
+        raise ValueError(f"unknown index type(s) {unknown or '(none)'}: expected some of {', '.join(INDEX_TYPES)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dense_types = [t for t in index_types if t in DENSE_TYPES]
+    plan = {
+        "format": FORMAT,
+        "corpus": corpus_fingerprint(corpus),
+        "encoder": canonical_name(encoder) if dense_types else None,
+        "shard_size": shard_size,
+    }
+    if (out / "build.json").exists():
+        previous = json.loads((out / "build.json").read_text())
+        problem = _same_build(plan, previous)
+        if problem:
+            raise IndexMismatch(f"{out} already holds another index ({problem}); use another --out or delete it")
+        plan["encoder"] = plan["encoder"] or previous["encoder"]
+    _write_json(out / "build.json", plan)
+
+    store_path = out / "passages.arrow"
+    if store_path.exists():
+        store = PassageStore(store_path)
+    else:
+        logger.info("writing the passage store %s", store_path)
+        store = PassageStore.write(iter_corpus(corpus), store_path)
+    if len(store) == 0:
+        raise CorpusError(f"corpus {corpus} has no passages")
+
+    params: dict[str, dict] = {}
+    dimension = None
+    if dense_types:
+        embedder = load_encoder(plan["encoder"], device, batch_size)
+        dimension = embedder.dimension
+        shards = embed_shards(store, embedder, out / "embeddings", shard_size, progress)
+        for kind in dense_types:
+            path = out / f"{kind}.faiss"
+            if not path.exists():
+                index = build_faiss(kind, shards, len(store), dimension)
+                faiss.write_index(index, str(path.with_suffix(".partial")))
+                os.replace(path.with_suffix(".partial"), path)
+            params[kind] = _faiss_params(faiss.read_index(str(path), faiss.IO_FLAG_MMAP))
+    if "bm25" in index_types and not (out / "bm25" / "params.index.json").exists():
+        shutil.rmtree(out / "bm25.partial", ignore_errors=True)  # what a crashed build left
+        BM25Retriever(store, cache=out / "bm25.partial")
+        os.replace(out / "bm25.partial", out / "bm25")
+
+    manifest = read_manifest(out) if (out / "manifest.json").exists() else {}
+    manifest = {
+        "format": FORMAT,
+        "index_types": sorted(set(manifest.get("index_types", [])) | set(index_types)),
+        "encoder": plan["encoder"],
+        "dimension": dimension or manifest.get("dimension"),
+        "count": len(store),
+        "corpus": plan["corpus"],
+        "params": {**manifest.get("params", {}), **params},
+    }
+    _write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def embed_shards(store: PassageStore, encoder: Encoder, folder: Path, shard_size: int, progress: bool) -> list[Path]:
+    """Encode the store into ``.npy`` shards of ``shard_size`` rows; shards already on disk are kept."""
+    folder.mkdir(exist_ok=True)
+    count = len(store)
+    paths = [folder / f"{i:05d}.npy" for i in range(math.ceil(count / shard_size))]
+
+    def complete(i: int) -> bool:
+        if not paths[i].exists():
+            return False
+        shape = np.load(paths[i], mmap_mode="r").shape
+        return shape == (min(shard_size, count - i * shard_size), encoder.dimension)
+
+    done = [complete(i) for i in range(len(paths))]
+    initial = sum(min(shard_size, count - i * shard_size) for i, d in enumerate(done) if d)
+    with tqdm(total=count, initial=initial, unit="passage", desc="encoding", disable=not progress) as bar:
+        for i, path in enumerate(paths):
+            if done[i]:
+                continue
+            parts = []
+            for texts in store.iter_contents(i * shard_size, (i + 1) * shard_size, batch_size=encoder.batch_size * 4):
+                parts.append(encoder.encode_passages(texts))
+                bar.update(len(texts))
+            partial = path.with_suffix(".partial.npy")
+            np.save(partial, np.concatenate(parts))
+            os.replace(partial, path)
+    return paths
+
+
+def build_faiss(kind: str, shards: Sequence[Path], count: int, dimension: int) -> faiss.Index:
+    """A FAISS index of ``kind`` filled shard by shard (IVF-PQ trained first on a strided sample)."""
+    index = new_index(kind, dimension, count)
+    if not index.is_trained:
+        index.train(_training_sample(shards, count, MAX_TRAINING_POINTS))
+    for path in tqdm(shards, desc=f"adding to {kind}", unit="shard", disable=len(shards) < 2):
+        index.add(np.load(path))
+    return index
+
+
+def _training_sample(shards: Sequence[Path], count: int, limit: int) -> np.ndarray:
+    stride = max(1, math.ceil(count / limit))
+    return np.concatenate([np.load(path, mmap_mode="r")[::stride] for path in shards]).astype(np.float32)
+
+
+def _faiss_params(index: faiss.Index) -> dict:
+    params: dict = {"ntotal": int(index.ntotal)}
+    if isinstance(index, faiss.IndexIVFPQ):
+        params |= {"nlist": int(index.nlist), "m": int(index.pq.M), "nbits": int(index.pq.nbits)}
+    if isinstance(index, faiss.IndexHNSWFlat):
+        params |= {"M": int(index.hnsw.nb_neighbors(1)), "efConstruction": int(index.hnsw.efConstruction)}
+    return params
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """An index folder's manifest, or a clear error when the folder is not a finished index."""
+    path = Path(folder) / "manifest.json"
+    if not path.is_file():
+        hint = " (a build was started: rerun the same `ps-agent index build` to finish it)"
+        raise IndexMismatch(
+            f"{folder} is not a built index: no manifest.json{hint if (Path(folder) / 'build.json').exists() else ''}; "
+            "build one with `ps-agent index build --corpus FILE --index flat --out DIR`"
+        )
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise IndexMismatch(f"{folder}: index format {manifest.get('format')}, this version reads {FORMAT}; rebuild it")
+    return manifest
+
+
+def _check_corpus(manifest: dict, corpus: str | Path | None) -> None:
+    recorded = manifest["corpus"]
+    if corpus is None:
+        source = recorded["source"]
+        local = source == "embedded" or Path(source).is_file()
+        if not recorded["checksum"] or not local:
+            return  # built from a hub dataset or a file no longer there: the store is self-contained
+        if source != "embedded" and _unchanged(Path(source), recorded):
+            return
+        corpus = source
+    current = corpus_fingerprint(corpus)
+    if current["checksum"] != recorded["checksum"]:
+        raise IndexMismatch(
+            f"the corpus changed since this index was built: {current['source']} has sha1 {current['checksum']}, "
+            f"the index was built from sha1 {recorded['checksum']}; rebuild it with `ps-agent index build`"
+        )
+
+
+def _unchanged(path: Path, recorded: dict) -> bool:
+    """Same size and modification time as at build time: no need to hash a large corpus again."""
+    stat = path.stat()
+    return stat.st_size == recorded.get("bytes") and stat.st_mtime_ns == recorded.get("mtime_ns")
+
+
+def default_kind(manifest: dict) -> str:
+    """What a folder serves unless told: its one index, or hybrid when it holds a dense index and BM25."""
+    types = manifest["index_types"]
+    dense = [t for t in types if t in DENSE_TYPES]
+    return "hybrid" if dense and "bm25" in types else types[0]
+
+
+def load_index(
+    folder: str | Path,
+    kind: str | None = None,
+    *,
+    encoder: str | None = None,
+    corpus: str | Path | None = None,
+    check_corpus: bool = True,
+    device: str | None = None,
+    batch_size: int = 64,
+    nprobe: int = 32,
+    ef_search: int = 64,
+) -> Retriever:
+    """A retriever over a built folder; refuses another encoder, a changed corpus or a damaged folder."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    kind = kind or default_kind(manifest)
+    dense_types = [t for t in manifest["index_types"] if t in DENSE_TYPES]
+    available = manifest["index_types"] + (["hybrid"] if dense_types and "bm25" in manifest["index_types"] else [])
+    if kind not in available:
+        raise IndexMismatch(f"{folder} has no {kind!r} index: it holds {', '.join(available)}")
+    if encoder is not None and dense_types and canonical_name(encoder) != manifest["encoder"]:
+        raise IndexMismatch(
+            f"{folder} was built with encoder {manifest['encoder']} ({manifest['dimension']}-d), "
+            f"not {canonical_name(encoder)}: queries must be encoded by the model that encoded the passages"
+        )
+    if check_corpus or corpus is not None:
+        _check_corpus(manifest, corpus)
+    store = PassageStore(folder / "passages.arrow")
+    if len(store) != manifest["count"]:
+        raise IndexMismatch(f"{folder}: passages.arrow holds {len(store)} passages, the manifest {manifest['count']}")
+
+    def dense(kind: str) -> DenseRetriever:
+        embedder = load_encoder(manifest["encoder"], device, batch_size)
+        if embedder.dimension != manifest["dimension"]:
+            raise IndexMismatch(
+                f"encoder {manifest['encoder']} now gives {embedder.dimension}-d vectors; "
+                f"{folder} holds {manifest['dimension']}-d ones: rebuild the index"
+            )
+        index = faiss.read_index(str(folder / f"{kind}.faiss"))
+        if index.ntotal != len(store):
+            raise IndexMismatch(f"{folder}/{kind}.faiss holds {index.ntotal} vectors for {len(store)} passages")
+        return DenseRetriever(on_gpu_if_present(index, kind), embedder, store, nprobe=nprobe, ef_search=ef_search)
+
+    if kind == "bm25":
+        return BM25Retriever(store, cache=folder / "bm25")
+    if kind == "hybrid":
+        return HybridRetriever([BM25Retriever(store, cache=folder / "bm25"), dense(dense_types[0])])
+    return dense(kind)

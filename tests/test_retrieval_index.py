@@ -1,0 +1,224 @@
+"""Index folders over real text: streamed corpora, the Arrow passage store, the real MiniLM encoder,
+real FAISS (Flat, HNSW, IVF-PQ) and bm25s indexes, hybrid fusion, resuming, and manifest checks."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ps_agent.retrieval import Passage, resolve_retriever
+from ps_agent.retrieval.corpus import CorpusError, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.dense import (
+    DenseRetriever,
+    HybridRetriever,
+    ivfpq_shape,
+    on_gpu_if_present,
+    reciprocal_rank_fusion,
+)
+from ps_agent.retrieval.encoders import MINILM, load_encoder, prefixes_for
+from ps_agent.retrieval.index import IndexMismatch, build_index, load_index, read_manifest
+from ps_agent.retrieval.store import PassageStore, iter_corpus
+
+PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
+N = 150  # passages of the embedded corpus used here
+
+
+@pytest.fixture(scope="module")
+def passages() -> list[Passage]:
+    return load_embedded_corpus()[:N]
+
+
+@pytest.fixture(scope="module")
+def corpus(passages, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("index") / "all"
+    build_index(corpus, out, ["flat", "hnsw", "ivfpq", "bm25"], progress=False, shard_size=64)
+    return out
+
+
+def search(retriever, queries, k):
+    return asyncio.run(retriever.asearch(queries, k))
+
+
+def test_every_corpus_form_streams_the_same_passages(passages, corpus, tmp_path):
+    import datasets
+
+    columns = {"id": [p.id for p in passages], "title": [p.title for p in passages], "text": [p.text for p in passages]}
+    pq.write_table(pa.table(columns), tmp_path / "corpus.parquet")
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "hf"))
+    expected = [(p.id, p.contents) for p in passages]
+    for source in (corpus, tmp_path / "corpus.parquet", tmp_path / "hf"):
+        batches = list(iter_corpus(source, batch_size=40))
+        assert max(b.num_rows for b in batches) <= 40, source
+        rows = [(r["id"], r["contents"]) for b in batches for r in b.to_pylist()]
+        assert rows == expected, source
+
+
+def test_the_passage_store_fetches_rows_across_batches(corpus, passages, tmp_path):
+    store = PassageStore.write(iter_corpus(corpus, batch_size=40), tmp_path / "passages.arrow")
+    reopened = PassageStore(tmp_path / "passages.arrow")
+    assert len(reopened) == N
+    assert reopened[0] == passages[0] and reopened[N - 1] == passages[N - 1]
+    assert [p.id for p in store.take([39, 40, 121], [0.5, 0.4, 0.3])] == [passages[i].id for i in (39, 40, 121)]
+    assert store.take([40], [0.25])[0].score == 0.25
+    assert [t for chunk in store.iter_contents(30, 95, batch_size=25) for t in chunk] == [
+        p.contents for p in passages[30:95]
+    ]
+    with pytest.raises(IndexError, match="out of range"):
+        store[N]
+
+
+def test_bad_corpora_say_what_is_wrong(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "\\"A\\"\\ntext"}\n{"id": "2"}\nnot json\n')
+    with pytest.raises(CorpusError, match=r"bad\.jsonl:2: bad corpus line .*no 'contents'"):
+        list(iter_corpus(bad))
+    pq.write_table(pa.table({"id": ["1"], "body": ["x"]}), tmp_path / "bad.parquet")
+    with pytest.raises(CorpusError, match="expected 'contents'"):
+        list(iter_corpus(tmp_path / "bad.parquet"))
+    with pytest.raises(CorpusError, match="corpus not found"):
+        list(iter_corpus(tmp_path / "missing.jsonl"))
+
+
+def test_e5_models_get_their_prefixes_and_embeddings_are_normalised():
+    assert prefixes_for("intfloat/e5-base-v2") == ("query: ", "passage: ")
+    assert prefixes_for("/models/multilingual_e5_large") == ("query: ", "passage: ")
+    assert prefixes_for(MINILM) == ("", "") and prefixes_for("BAAI/bge-base-en-v1.5") == ("", "")
+    encoder = load_encoder("minilm")
+    assert encoder.name == MINILM and encoder.dimension == 384
+    prefixed = load_encoder("minilm")
+    prefixed.query_prefix = "query: "
+    plain = encoder.model.encode(["query: who built it"], normalize_embeddings=True)
+    assert abs(prefixed.encode_queries(["who built it"]) - plain).max() < 1e-5
+    vectors = encoder.encode_passages(["one passage", "another passage"])
+    assert vectors.dtype.name == "float32" and abs((vectors**2).sum(axis=1) - 1).max() < 1e-4
+
+
+def test_ivfpq_shape_fits_the_corpus():
+    assert ivfpq_shape(21_000_000, 768) == (18330, 96, 8)
+    for count in (5, 150, 10_000):
+        nlist, m, nbits = ivfpq_shape(count, 384)
+        assert 1 <= nlist <= max(1, count // 39) and 384 % m == 0 and 2**nbits <= max(2, count // 39)
+
+
+def test_every_index_type_finds_passages_by_their_title(built, passages):
+    titles = [p.title for p in passages[:30]]
+    expected = [p.id for p in passages[:30]]
+
+    def hit_rate(kind, k):
+        results = search(load_index(built, kind), titles, k)
+        assert all(len(r) == k or kind == "bm25" for r in results)
+        return sum(want in [p.id for p in got] for want, got in zip(expected, results, strict=True)) / len(titles)
+
+    assert hit_rate("flat", 1) >= 0.8
+    assert hit_rate("hnsw", 1) == hit_rate("flat", 1)
+    assert hit_rate("ivfpq", 10) >= 0.5  # compressed codes: approximate by design
+    assert hit_rate("bm25", 3) >= 0.8
+    assert hit_rate("hybrid", 3) >= hit_rate("flat", 3) - 0.1
+    flat = load_index(built, "flat")
+    assert isinstance(flat, DenseRetriever) and all(p.score is not None for p in search(flat, titles[:2], 3)[0])
+    assert isinstance(load_index(built), HybridRetriever)  # dense + BM25 in one folder: hybrid by default
+
+
+def test_reciprocal_rank_fusion_rewards_agreement():
+    a, b, c = (Passage(i, i, "") for i in "abc")
+    fused = reciprocal_rank_fusion([[a, b, c], [b, c, a], [b, a]], k=2, rrf_k=60)
+    assert [p.id for p in fused] == ["b", "a"] and fused[0].score == pytest.approx(1 / 62 + 2 / 61)
+
+
+def test_the_manifest_records_the_build(built, corpus):
+    manifest = read_manifest(built)
+    assert manifest["index_types"] == ["bm25", "flat", "hnsw", "ivfpq"]
+    assert (manifest["encoder"], manifest["dimension"], manifest["count"]) == (MINILM, 384, N)
+    assert manifest["corpus"]["checksum"] == file_checksum(corpus)
+    assert manifest["params"]["ivfpq"]["ntotal"] == N and manifest["params"]["hnsw"]["M"] == 32
+    assert sorted(p.name for p in (built / "embeddings").iterdir()) == ["00000.npy", "00001.npy", "00002.npy"]
+
+
+def test_loading_refuses_another_encoder_a_changed_corpus_or_an_unbuilt_folder(built, corpus, tmp_path):
+    with pytest.raises(
+        IndexMismatch, match=r"built with encoder sentence-transformers/all-MiniLM-L6-v2 .*not intfloat"
+    ):
+        load_index(built, "flat", encoder="intfloat/e5-base-v2")
+    with pytest.raises(IndexMismatch, match="has no 'nope' index: it holds bm25, flat, hnsw, ivfpq, hybrid"):
+        load_index(built, "nope")
+    changed = tmp_path / "corpus.jsonl"
+    shutil.copy(corpus, changed)
+    folder = tmp_path / "bm25"
+    build_index(changed, folder, ["bm25"], progress=False)
+    assert search(load_index(folder), ["Paris"], 1)
+    with changed.open("a") as f:
+        f.write(json.dumps({"id": "new", "contents": '"New"\nA passage added after the build.'}) + "\n")
+    with pytest.raises(IndexMismatch, match="the corpus changed since this index was built"):
+        load_index(folder)
+    with pytest.raises(IndexMismatch, match="the corpus changed"):
+        load_index(built, "bm25", corpus=changed)
+    assert search(load_index(folder, check_corpus=False), ["Paris"], 1)  # the store is self-contained
+    with pytest.raises(IndexMismatch, match=r"already holds another index .*other contents"):
+        build_index(changed, folder, ["bm25"], progress=False)
+    with pytest.raises(IndexMismatch, match=r"no manifest\.json"):
+        load_index(tmp_path)
+
+
+def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path):
+    out = tmp_path / "resumed"
+    command = [PS_AGENT, "index", "build", "--corpus", str(corpus), "--out", str(out), "--shard-size", "16"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list((out / "embeddings").glob("0*.npy"))) < 2 and time.monotonic() < deadline:
+        assert process.poll() is None, "the build ended before it could be interrupted"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "embeddings").glob("0*.npy")}
+    assert 2 <= len(kept) < 10 and not (out / "manifest.json").exists()
+    with pytest.raises(IndexMismatch, match="a build was started: rerun"):
+        load_index(out)
+
+    build_index(corpus, out, ["flat"], progress=False, shard_size=16)
+    assert all((out / "embeddings" / name).stat().st_mtime_ns == mtime for name, mtime in kept.items())
+    assert len(list((out / "embeddings").glob("0*.npy"))) == 10  # ceil(150 / 16)
+    queries = [p.title for p in load_embedded_corpus()[:10]]
+    resumed = [[p.id for p in r] for r in search(load_index(out), queries, 3)]
+    fresh = [[p.id for p in r] for r in search(load_index(built, "flat"), queries, 3)]
+    assert resumed == fresh
+
+
+def test_index_folders_resolve_as_retrievers_and_stay_on_cpu_without_faiss_gpu(built):
+    retriever = resolve_retriever(built)
+    assert retriever is resolve_retriever(str(built))  # loaded once
+    assert search(retriever, ["Paris"], 2)[0]
+    flat = load_index(built, "flat")
+    assert on_gpu_if_present(flat.index, "flat") is flat.index  # no GPU here: the CPU index itself
+
+
+def test_index_build_cli(corpus, tmp_path):
+    out = tmp_path / "cli"
+    done = subprocess.run(
+        [PS_AGENT, "index", "build", "--corpus", str(corpus), "--out", str(out), "--index", "bm25"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"built bm25 over {N} passages" in done.stdout
+    info = subprocess.run([PS_AGENT, "index", "info", str(out)], capture_output=True, text=True)
+    assert json.loads(info.stdout)["count"] == N
+    bad = subprocess.run(
+        [PS_AGENT, "index", "build", "--corpus", str(corpus), "--out", str(out), "--index", "annoy"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "expected some of flat, hnsw, ivfpq, bm25" in bad.stderr
