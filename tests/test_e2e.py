@@ -1,8 +1,17 @@
-"""End to end: the real SmolLM2-135M-Instruct over the real embedded corpus (BM25), and over vLLM."""
+"""End to end: the real SmolLM2-135M-Instruct over the real embedded corpus (BM25), over a dense index
+served by the real retrieval server, and over vLLM."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from ps_agent import ParallelSearchAgent
+from ps_agent.retrieval.corpus import load_embedded_corpus
+from ps_agent.retrieval.index import build_index
+from tests.conftest import free_port, wait_for_http
 
 QUESTIONS = [
     "Which is older, the Eiffel Tower or the Statue of Liberty?",
@@ -45,6 +54,30 @@ def test_sequential_mode_on_the_embedded_defaults(smollm2_path):
     out = ParallelSearchAgent(mode="sequential", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
     check_consistent(out, max_turns=2)
     assert all(len(r["searched"]) == 1 for r in out["trajectory"]["search_rounds"])
+
+
+def test_embedded_model_through_a_dense_index_server(smollm2_path, tmp_path):
+    passages = load_embedded_corpus()[:300]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
+    build_index(corpus, tmp_path / "index", ["flat"], progress=False)
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "ps-agent"), "serve-retriever", "--index", str(tmp_path / "index")]
+    with (tmp_path / "server.log").open("w") as log:
+        server = subprocess.Popen([*command, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=tmp_path / "server.log")
+        agent = ParallelSearchAgent(
+            retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96, demonstration=True
+        )
+        out = agent.invoke(QUESTIONS[1])  # greedy decoding: with the demonstration, this one searches
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    check_consistent(out, max_turns=2)
+    ids = {p.id for p in passages}
+    found = [p for r in out["trajectory"]["search_rounds"] for res in r["results"] for p in res["passages"]]
+    assert out["stats"]["search_rounds"] >= 1 and found and all(p["id"] in ids for p in found)
 
 
 def test_agent_over_vllm_server(vllm_server):

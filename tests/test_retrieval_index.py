@@ -103,10 +103,15 @@ def test_e5_models_get_their_prefixes_and_embeddings_are_normalised():
     assert encoder.name == MINILM and encoder.dimension == 384
     prefixed = load_encoder("minilm")
     prefixed.query_prefix = "query: "
-    plain = encoder.model.encode(["query: who built it"], normalize_embeddings=True)
-    assert abs(prefixed.encode_queries(["who built it"]) - plain).max() < 1e-5
+    plain = encoder.encode_passages(["query: who built it"])  # MiniLM has no passage prefix
+    assert abs(prefixed.encode_queries(["who built it"]) - plain).max() < 1e-6
+    assert abs(prefixed.encode_queries(["who built it"]) - encoder.encode_queries(["who built it"])).max() > 1e-3
     vectors = encoder.encode_passages(["one passage", "another passage"])
-    assert vectors.dtype.name == "float32" and abs((vectors**2).sum(axis=1) - 1).max() < 1e-4
+    assert vectors.dtype.name == "float32" and abs((vectors**2).sum(axis=1) - 1).max() < 1e-5
+    exact = load_encoder("minilm", dtype="float32")
+    assert exact.dtype == "float32" and (exact.encode_passages(["one passage"]) * vectors[:1]).sum() > 0.99
+    with pytest.raises(ValueError, match="unknown encoder dtype 'fp8'"):
+        load_encoder("minilm", dtype="fp8")
 
 
 def test_ivfpq_shape_fits_the_corpus():

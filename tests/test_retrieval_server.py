@@ -12,6 +12,7 @@ import pytest
 
 from ps_agent import ParallelSearchAgent
 from ps_agent.retrieval.http import HTTPRetriever
+from ps_agent.retrieval.index import build_index
 from tests.conftest import free_port, wait_for_http
 from tests.doubles import scripted_llm
 from tests.test_retrieval import DOCS
@@ -27,12 +28,14 @@ def corpus(tmp_path_factory):
     return path
 
 
-def start_server(corpus, tmp_path, *flags):
+def start_server(source, tmp_path, *flags):
+    """``ps-agent serve-retriever`` over a corpus file (BM25) or a built index folder."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
+    where = ["--index", str(source)] if source.is_dir() else ["--corpus", str(source)]
     with log.open("w") as out:
         server = subprocess.Popen(
-            [PS_AGENT, "serve-retriever", "--corpus", str(corpus), "--port", str(port), *flags],
+            [PS_AGENT, "serve-retriever", *where, "--port", str(port), *flags],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=log)
@@ -128,3 +131,53 @@ def test_the_agent_answers_through_the_server(server):
     (record,) = out["trajectory"]["search_rounds"]
     assert [r["passages"][0]["title"] for r in record["results"]] == ["Eiffel Tower", "Statue of Liberty"]
     assert "Doc 1(Title: Statue of Liberty)" in out["trajectory"]["response"]
+
+
+@pytest.fixture(scope="module")
+def dense_folder(corpus, tmp_path_factory):
+    """A built folder: Flat (real MiniLM + FAISS) and BM25."""
+    folder = tmp_path_factory.mktemp("index") / "flat"
+    build_index(corpus, folder, ["flat", "bm25"], progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dense_server(dense_folder, tmp_path_factory):
+    """The server over the folder's Flat index."""
+    process, url = start_server(dense_folder, tmp_path_factory.mktemp("dense"), "--kind", "flat", "--max-wait-ms", "20")
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_a_dense_index_served_over_search_r1_json_merges_concurrent_requests(dense_server):
+    body = {"queries": ["an iron tower in France", "a bell in a London clock"], "topk": 2, "return_scores": True}
+    result = httpx.post(f"{dense_server}/retrieve", json=body).json()["result"]
+    assert [r[0]["document"]["contents"].split("\n")[0] for r in result] == ['"Eiffel Tower"', '"Big Ben"']
+    assert result[0][0]["score"] > result[0][1]["score"]
+    before = metric(dense_server, "retrieve_batches_total")
+    client = HTTPRetriever(dense_server)
+
+    async def burst():
+        return await asyncio.gather(*(client.asearch([f"ancient arena in Italy {i}"], 1) for i in range(16)))
+
+    assert all(r[0][0].title == "Colosseum" for r in asyncio.run(burst()))
+    assert metric(dense_server, "retrieve_batches_total") - before < 16
+
+
+def test_the_agent_answers_through_a_dense_index_server(dense_server):
+    llm = scripted_llm("<search> iron tower Paris ## statue New York harbour </search>", "<answer> Statue </answer>")
+    out = ParallelSearchAgent(llm=llm, retriever=dense_server).invoke("Which is older?")
+    (record,) = out["trajectory"]["search_rounds"]
+    assert [r["passages"][0]["title"] for r in record["results"]] == ["Eiffel Tower", "Statue of Liberty"]
+
+
+def test_serving_an_index_with_another_encoder_or_damaged_is_refused(dense_folder, corpus, tmp_path):
+    command = [PS_AGENT, "serve-retriever", "--index", str(dense_folder), "--encoder", "intfloat/e5-base-v2"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and "was built with encoder" in done.stderr
+    folder = tmp_path / "bm25-only"
+    build_index(corpus, folder, ["bm25"], progress=False)
+    (folder / "manifest.json").write_text((folder / "manifest.json").read_text().replace('"count": 4', '"count": 5'))
+    done = subprocess.run([PS_AGENT, "serve-retriever", "--index", str(folder)], capture_output=True, text=True)
+    assert done.returncode == 2 and "passages.arrow holds 4 passages, the manifest 5" in done.stderr

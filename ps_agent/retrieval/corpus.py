@@ -33,23 +33,18 @@ def passage_id(title: str, text: str) -> str:
 
 
 def load_jsonl_corpus(path: str | Path) -> list[Passage]:
-    """Read a Search-R1/FlashRAG corpus (``{"id", "contents": "\\"Title\\"\\ntext"}`` per line)."""
+    """Read a small Search-R1/FlashRAG corpus (``{"id", "contents": "\\"Title\\"\\ntext"}`` per line) into memory;
+    ``ps-agent index build`` streams large ones into an on-disk store instead."""
+    from ps_agent.retrieval.store import iter_corpus  # store builds on this module
+
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path} (expected a jsonl file of {{'id', 'contents'}} lines)")
-    passages = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                passages.append(Passage.from_contents(str(row["id"]), row["contents"]))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise CorpusError(
-                    f"{path}:{number}: bad corpus line ({type(exc).__name__}: {exc}); "
-                    'expected {"id": ..., "contents": "\\"Title\\"\\ntext"}'
-                ) from exc
+    passages = [
+        Passage.from_contents(pid, contents)
+        for batch in iter_corpus(path)
+        for pid, contents in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+    ]
     if not passages:
         raise CorpusError(f"corpus file is empty: {path}")
     return passages

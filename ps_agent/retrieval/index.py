@@ -68,8 +68,9 @@ def build_index(
     index_types: Sequence[str] = ("flat",),
     encoder: str | None = None,
     *,
-    batch_size: int = 64,
+    batch_size: int = 32,
     device: str | None = None,
+    dtype: str = "auto",
     shard_size: int = 10_000,
     progress: bool = True,
 ) -> dict:
@@ -104,10 +105,11 @@ def build_index(
         raise CorpusError(f"corpus {corpus} has no passages")
 
     params: dict[str, dict] = {}
-    dimension = None
+    dimension = encoder_dtype = None
     if dense_types:
-        embedder = load_encoder(plan["encoder"], device, batch_size)
+        embedder = load_encoder(plan["encoder"], device, batch_size, dtype)
         dimension = embedder.dimension
+        encoder_dtype = embedder.dtype
         shards = embed_shards(store, embedder, out / "embeddings", shard_size, progress)
         for kind in dense_types:
             path = out / f"{kind}.faiss"
@@ -127,6 +129,7 @@ def build_index(
         "index_types": sorted(set(manifest.get("index_types", [])) | set(index_types)),
         "encoder": plan["encoder"],
         "dimension": dimension or manifest.get("dimension"),
+        "encoder_dtype": encoder_dtype or manifest.get("encoder_dtype"),
         "count": len(store),
         "corpus": plan["corpus"],
         "params": {**manifest.get("params", {}), **params},
@@ -241,7 +244,8 @@ def load_index(
     corpus: str | Path | None = None,
     check_corpus: bool = True,
     device: str | None = None,
-    batch_size: int = 64,
+    dtype: str = "auto",
+    batch_size: int = 32,
     nprobe: int = 32,
     ef_search: int = 64,
 ) -> Retriever:
@@ -265,7 +269,7 @@ def load_index(
         raise IndexMismatch(f"{folder}: passages.arrow holds {len(store)} passages, the manifest {manifest['count']}")
 
     def dense(kind: str) -> DenseRetriever:
-        embedder = load_encoder(manifest["encoder"], device, batch_size)
+        embedder = load_encoder(manifest["encoder"], device, batch_size, dtype)
         if embedder.dimension != manifest["dimension"]:
             raise IndexMismatch(
                 f"encoder {manifest['encoder']} now gives {embedder.dimension}-d vectors; "

@@ -94,7 +94,8 @@ class MicroBatcher:
         self.metrics["batch_size"].observe(len(batch))
         k = max(k for _, k, _ in batch)
         try:
-            results = await self.retriever.asearch([q for q, _, _ in batch], k)
+            with self.metrics["batch_seconds"].time():
+                results = await self.retriever.asearch([q for q, _, _ in batch], k)
         except Exception as exc:  # every waiting request gets the failure
             logger.exception("retrieval batch of %d failed", len(batch))
             for _, _, future in batch:
@@ -122,6 +123,7 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         "batch_size": Histogram(
             "retrieve_batch_size", "queries per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry
         ),
+        "batch_seconds": Histogram("retrieve_batch_seconds", "time to search one batch", registry=registry),
         "latency": Histogram("retrieve_latency_seconds", "request latency", registry=registry),
     }
     batcher = MicroBatcher(retriever, limits, metrics)
