@@ -98,6 +98,7 @@ def test_concurrent_requests_are_micro_batched(server):
     batches = metric(server, "retrieve_batches_total") - before_batches
     assert metric(server, "retrieve_requests_total") - before_requests == 16
     assert batches < 16, f"16 concurrent requests ran in {batches} batches"
+    assert metric(server, "retrieve_batch_seconds_count") == metric(server, "retrieve_batches_total")
 
 
 def test_without_micro_batching_each_request_is_its_own_batch(corpus, tmp_path):

@@ -1,6 +1,6 @@
 """A Search-R1-compatible retrieval server with cross-request micro-batching.
 
-    ps-agent serve-retriever --corpus FILE [--host 127.0.0.1] [--port 8000]
+    ps-agent serve-retriever --index DIR [--host 127.0.0.1] [--port 8000]     (or --corpus FILE: BM25)
 
 ``POST /retrieve`` takes Search-R1's JSON (``{"queries": [...], "topk": k, "return_scores": bool}``) and
 answers ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (documents alone when
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -130,6 +131,10 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The loaded model and index are millions of long-lived objects: frozen out of the cyclic collector,
+        # so its full collections stop pausing batches (p99 at 64 clients: ~430 → ~200 ms on 2 cores).
+        gc.collect()
+        gc.freeze()
         yield
         await batcher.close()
 
