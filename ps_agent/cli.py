@@ -19,7 +19,7 @@ from ps_agent.protocol import parse_action
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # paths in messages stay whole
 
 
 @app.callback()

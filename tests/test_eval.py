@@ -148,3 +148,20 @@ def test_ps_agent_eval_end_to_end_with_the_embedded_model(synthetic, tmp_path, s
         assert summary["overall"][mode]["n"] == 2 and summary["overall"][mode]["errors"] == 0
     assert "Exact match (%) per benchmark" in run.stdout
     assert (out / "plots.png").is_file()
+
+
+def test_eval_over_a_built_index_folder(synthetic, tmp_path):
+    from ps_agent.retrieval.index import build_index
+
+    corpus, questions, rows = synthetic
+    folder = tmp_path / "index"
+    build_index(corpus, folder, ["bm25"], progress=False)
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(folder), modes=("parallel",), limit=4)
+    summary = evaluate([questions], tmp_path / "out", settings)
+    assert summary["overall"]["parallel"]["n"] == 4 and summary["overall"]["parallel"]["errors"] == 0
+    assert summary["overall"]["parallel"]["em"] > 0  # the oracle's gold plans find their passages in the folder
+    bad = subprocess.run(
+        [PS_AGENT, "eval", "--data", str(questions), "--out", str(tmp_path / "o2"), "--index", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "not a built index: no manifest.json" in bad.stderr

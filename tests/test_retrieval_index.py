@@ -204,10 +204,15 @@ def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path
     assert resumed == fresh
 
 
-def test_index_folders_resolve_as_retrievers_and_stay_on_cpu_without_faiss_gpu(built):
+def test_index_folders_resolve_as_retrievers_and_stay_on_cpu_without_faiss_gpu(built, passages):
+    from ps_agent.retrieval.langchain import PassageRetriever
+
     retriever = resolve_retriever(built)
     assert retriever is resolve_retriever(str(built))  # loaded once
     assert search(retriever, ["Paris"], 2)[0]
+    as_langchain = PassageRetriever(retriever=load_index(built, "hnsw"), k=2)  # a LangChain BaseRetriever
+    docs = as_langchain.invoke(passages[3].title)
+    assert len(docs) == 2 and docs[0].id == passages[3].id and docs[0].metadata["title"] == passages[3].title
     flat = load_index(built, "flat")
     assert on_gpu_if_present(flat.index, "flat") is flat.index  # no GPU here: the CPU index itself
 
