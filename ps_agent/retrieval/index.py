@@ -55,6 +55,8 @@ def _same_build(plan: dict, previous: dict) -> str | None:
         return f"it has format {previous.get('format')}, this version writes {FORMAT}"
     if previous["corpus"]["checksum"] != plan["corpus"]["checksum"]:
         return f"it was built from corpus {previous['corpus']['source']} with other contents"
+    if plan["corpus"]["checksum"] is None and previous["corpus"]["source"] != plan["corpus"]["source"]:
+        return f"it was built from {previous['corpus']['source']}"  # hub datasets have no local bytes to hash
     if previous["encoder"] and plan["encoder"] and previous["encoder"] != plan["encoder"]:
         return f"it was encoded with {previous['encoder']}, not {plan['encoder']}"
     if previous["shard_size"] != plan["shard_size"]:
