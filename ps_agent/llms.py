@@ -13,7 +13,6 @@ import asyncio
 import functools
 import importlib.util
 import logging
-import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from langchain_core.language_models import BaseChatModel, BaseLLM
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from ps_agent.protocol import ChatPrompt, close_action
-from ps_agent.retrieval.corpus import cache_dir
+from ps_agent.retrieval.corpus import cache_dir, written_whole
 from ps_agent.state import Segment
 
 logger = logging.getLogger(__name__)
@@ -259,12 +258,9 @@ def embedded_model_path() -> Path:
     model.hf_quantizer = None  # de-quantised on load: save it as a plain model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    with written_whole(target) as partial:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
     return target
 
 

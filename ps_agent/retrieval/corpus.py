@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from ps_agent.retrieval.base import Passage
@@ -25,6 +28,26 @@ def cache_dir() -> Path:
         os.environ.get("PS_AGENT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ps_agent"
     )
     return Path(root)
+
+
+@contextlib.contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A path beside ``path`` to write a file or folder to, renamed onto ``path`` only when the block
+    completes: a crash never leaves a half-written cache, store, shard or index under the real name."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    _remove(partial)  # what a crashed run left
+    yield partial
+    if path.is_dir():
+        shutil.rmtree(path)
+    os.replace(partial, path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 def passage_id(title: str, text: str) -> str:

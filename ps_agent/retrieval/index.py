@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ps_agent.retrieval.base import Retriever
 from ps_agent.retrieval.bm25 import BM25Retriever
-from ps_agent.retrieval.corpus import CorpusError
+from ps_agent.retrieval.corpus import CorpusError, written_whole
 from ps_agent.retrieval.dense import DENSE_TYPES, DenseRetriever, HybridRetriever, new_index, on_gpu_if_present
 from ps_agent.retrieval.encoders import Encoder, canonical_name, load_encoder
 from ps_agent.retrieval.store import PassageStore, corpus_fingerprint, iter_corpus
@@ -44,9 +42,8 @@ class IndexMismatch(ValueError):
 
 
 def _write_json(path: Path, value: dict) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(partial, path)
+    with written_whole(path) as partial:
+        partial.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def _same_build(plan: dict, previous: dict) -> str | None:
@@ -115,15 +112,16 @@ def build_index(
         shards = embed_shards(store, embedder, out / "embeddings", shard_size, progress)
         for kind in dense_types:
             path = out / f"{kind}.faiss"
-            if not path.exists():
+            if path.exists():
+                index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
+            else:
                 index = build_faiss(kind, shards, len(store), dimension)
-                faiss.write_index(index, str(path.with_suffix(".partial")))
-                os.replace(path.with_suffix(".partial"), path)
-            params[kind] = _faiss_params(faiss.read_index(str(path), faiss.IO_FLAG_MMAP))
+                with written_whole(path) as partial:
+                    faiss.write_index(index, str(partial))
+            params[kind] = _faiss_params(index)
     if "bm25" in index_types and not (out / "bm25" / "params.index.json").exists():
-        shutil.rmtree(out / "bm25.partial", ignore_errors=True)  # what a crashed build left
-        BM25Retriever(store, cache=out / "bm25.partial")
-        os.replace(out / "bm25.partial", out / "bm25")
+        with written_whole(out / "bm25") as partial:
+            BM25Retriever(store, cache=partial)
 
     manifest = read_manifest(out) if (out / "manifest.json").exists() else {}
     manifest = {
@@ -162,9 +160,8 @@ def embed_shards(store: PassageStore, encoder: Encoder, folder: Path, shard_size
             for texts in store.iter_contents(i * shard_size, (i + 1) * shard_size, batch_size=encoder.batch_size * 4):
                 parts.append(encoder.encode_passages(texts))
                 bar.update(len(texts))
-            partial = path.with_suffix(".partial.npy")
-            np.save(partial, np.concatenate(parts))
-            os.replace(partial, path)
+            with written_whole(path) as partial, partial.open("wb") as f:
+                np.save(f, np.concatenate(parts))
     return paths
 
 

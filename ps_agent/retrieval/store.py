@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -19,7 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ps_agent.retrieval.base import Passage
-from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.corpus import (
+    CorpusError,
+    embedded_corpus_path,
+    file_checksum,
+    load_embedded_corpus,
+    written_whole,
+)
 
 SCHEMA = pa.schema([("id", pa.string()), ("contents", pa.string())])
 EMBEDDED = "embedded"
@@ -169,13 +174,14 @@ class PassageStore(Sequence[Passage]):
 
     @staticmethod
     def write(batches: Iterable[pa.RecordBatch], path: str | Path) -> PassageStore:
-        """Write streamed batches to ``path`` (via a temporary file, so a crash leaves no half store)."""
-        path = Path(path)
-        partial = path.with_suffix(".partial")
-        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        """Write streamed batches to ``path`` (whole or not at all)."""
+        with (
+            written_whole(path) as partial,
+            pa.OSFile(str(partial), "wb") as sink,
+            pa.ipc.new_file(sink, SCHEMA) as writer,
+        ):
             for batch in batches:
                 writer.write_batch(batch)
-        os.replace(partial, path)
         return PassageStore(path)
 
     def __len__(self) -> int:
