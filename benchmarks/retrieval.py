@@ -1,6 +1,6 @@
 """Retrieval at scale: index builds, retrieval quality, and the server under concurrent load.
 
-    python benchmarks/retrieval.py [--parts build,quality,server] [--data ../shared/data] [--seconds 8]
+    python benchmarks/retrieval.py [--parts build,encoder,quality,server] [--data ../shared/data] [--seconds 10]
 
 Reads the corpora and questions in ``../shared/data`` (never copied here); builds index folders under
 ``~/.cache/ps_agent/benchmarks/`` (``PS_AGENT_CACHE`` overrides); writes
@@ -8,6 +8,7 @@ Reads the corpora and questions in ``../shared/data`` (never copied here); build
 
 - build: for hotpotqa and 2wikimultihopqa corpora, the time of each stage (passage store, MiniLM
   encoding, each FAISS type, BM25), passages/s, and index bytes per passage, projected to 21M passages.
+- encoder: MiniLM in float32 vs bfloat16 side by side (passages/s, one query vs a batch of 64, cosine).
 - quality: recall@3/5/10 of the supporting passages on the dev questions, BM25 vs dense (Flat) vs hybrid
   (RRF), searching the full question, and searching each supporting title as its own sub-query
   (the entity sub-query a decomposing agent issues; the datasets carry no gold sub-questions).
@@ -35,6 +36,7 @@ import numpy as np
 
 from ps_agent.retrieval.corpus import cache_dir
 from ps_agent.retrieval.dense import HybridRetriever
+from ps_agent.retrieval.encoders import load_encoder
 from ps_agent.retrieval.index import build_index, load_index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +99,42 @@ def bench_build(data: Path) -> dict:
             row[kind] = timing
         results[dataset] = row
     return results
+
+
+def bench_encoder(data: Path, passages: int = 1024, repeats: int = 3) -> dict:
+    """MiniLM in float32 vs bfloat16, side by side: passages/s, query latency alone and in a batch of 64,
+    and how close the bfloat16 embeddings are to the float32 ones (cosine)."""
+    lines = (data / "hotpotqa" / "corpus.jsonl").open()
+    texts = [json.loads(next(lines))["contents"] for _ in range(passages)]
+    queries = [json.loads(line)["question"] for line in (data / "hotpotqa" / "dev.jsonl").open() if line.strip()][:64]
+    results: dict = {}
+    vectors = {}
+    for dtype in ("float32", "bfloat16"):
+        encoder = load_encoder("minilm", dtype=dtype)
+        encoder.encode_queries(queries)  # warm-up
+        start = time.perf_counter()
+        vectors[dtype] = encoder.encode_passages(texts)
+        passages_s = len(texts) / (time.perf_counter() - start)
+        one = min(_seconds(lambda e=encoder, q=q: e.encode_queries([q])) for q in queries[: repeats * 4])
+        batch = min(_seconds(lambda e=encoder: e.encode_queries(queries)) for _ in range(repeats))
+        results[dtype] = {
+            "passages_per_s": round(passages_s, 1),
+            "one_query_ms": round(one * 1000, 1),
+            "batch_of_64_ms": round(batch * 1000, 1),
+            "batching_gain": round(64 * one / batch, 2),
+        }
+    cosine = (vectors["float32"] * vectors["bfloat16"]).sum(axis=1)
+    results["cosine_bf16_vs_fp32"] = {"mean": round(float(cosine.mean()), 5), "min": round(float(cosine.min()), 5)}
+    results["bf16_speedup_passages"] = round(
+        results["bfloat16"]["passages_per_s"] / results["float32"]["passages_per_s"], 2
+    )
+    return results
+
+
+def _seconds(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
 
 
 def bench_quality(data: Path) -> dict:
@@ -244,6 +282,22 @@ def markdown(results: dict) -> str:
                     f"| {t['bytes_per_passage']} | {p['hours']} | {p['index_gb']} | {p['store_gb']} |"
                 )
         lines.append("")
+    if "encoder" in results:
+        enc = results["encoder"]
+        lines += [
+            "## Encoder: MiniLM in float32 vs bfloat16 (same run, 1,024 hotpotqa passages, 64 questions)",
+            "",
+            "| dtype | passages/s | one query ms | batch of 64 ms | batching gain (per query) |",
+            "|---|---|---|---|---|",
+        ]
+        for dtype in ("float32", "bfloat16"):
+            r = enc[dtype]
+            lines.append(
+                f"| {dtype} | {r['passages_per_s']} | {r['one_query_ms']} | {r['batch_of_64_ms']} "
+                f"| {r['batching_gain']}× |"
+            )
+        cos = enc["cosine_bf16_vs_fp32"]
+        lines += ["", f"bfloat16 vs float32 passage embeddings: cosine mean {cos['mean']}, min {cos['min']}.", ""]
     if "quality" in results:
         lines += [
             "## Recall of the supporting passages (dev questions, each benchmark's own corpus)",
@@ -297,7 +351,7 @@ def markdown(results: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="build,quality,server")
+    parser.add_argument("--parts", default="build,encoder,quality,server")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument(
         "--seconds", type=float, default=10.0, help="measured seconds per load level (after 5 s of warm-up)"
@@ -316,6 +370,8 @@ def main() -> None:
     bench_build(args.data)  # every part needs the folders; cached after the first run
     if "build" in parts:
         results["build"] = bench_build(args.data)
+    if "encoder" in parts:
+        results["encoder"] = bench_encoder(args.data)
     if "quality" in parts:
         results["quality"] = bench_quality(args.data)
     if "server" in parts:

@@ -5,8 +5,8 @@ E5 models (the paper's retriever) are loaded by name or path and get the ``query
 prefixes they were trained with. Pooling comes from each model's sentence-transformers config (mean
 pooling when a plain Hugging Face checkpoint has none); embeddings are L2-normalised, so inner
 product is cosine similarity. ``dtype="auto"`` runs the model in bfloat16 where the hardware computes
-it natively (a CUDA GPU, or a CPU with AMX/AVX-512 BF16: 2.5× the passages/s of float32 here, cosine
-to the float32 embedding > 0.999), else in float32.
+it natively (a CUDA GPU, or a CPU with AMX/AVX-512 BF16: 2.8× the passages/s of float32 here, cosine
+to the float32 embedding ≥ 0.9999; ``benchmarks/retrieval.py --parts encoder``), else in float32.
 """
 
 from __future__ import annotations
