@@ -1,15 +1,17 @@
-"""Learning check: GRPO on SmolLM2-135M (LoRA, CPU) for a fixed time, and whether it learns to decompose.
+"""The learning benchmark: does the trained policy do what ParallelSearch asks, on questions never trained on?
 
-    python benchmarks/learning.py [--minutes 60] [--questions 48]
+    python benchmarks/learning.py [--per-set 24] [--baseline-per-set 12]
 
-Trains on a balanced sample of comparison (parallelisable) and bridge (sequential) questions: by default
-2-way comparisons and 2-hop bridges of the synthetic world (``--source synthetic``), or
-../shared/data/hotpotqa/dev.jsonl with its corpus (``--source hotpotqa``), each searched with BM25.
-Reads the run's trajectory log and writes, per step, the total reward and each component, the
-decomposition ratio on parallelisable and on sequential questions, search rounds, format validity and
-forced answers to benchmarks/results/learning.json, with curves in learning.png and a summary in
-learning.md. The check: rewards and decomposition of parallelisable questions rise over the run while
-false decompositions of sequential questions do not.
+Evaluates greedy, in ``parallel`` and ``sequential`` mode, on held-out sets:
+- a synthetic world from a seed and entity set not used for training (``HELD_OUT_SEED``; training uses
+  ``training.gold.TRAIN_SEEDS``), every family;
+- the validation parts (``ps_agent.questions.split_part``) of the shared HotpotQA and 2Wiki files, each with
+  its own corpus, sampled evenly over question types;
+for the untrained base model, the base model with the one-shot demonstration, and the trained policies
+(``smollm2``: the ParallelSearch adapter in parallel mode, the Search-R1 adapter in sequential mode).
+Writes, per set, policy, mode and question class: format-valid %, decomposition ratio (decomposed or not, by
+class: the confusion matrix), EM, F1, LLM calls per question, forced-answer %, seconds per question; and the
+SFT loss curves, to benchmarks/results/learning.{json,md,png}. Results per question stay in --run-dir.
 """
 
 from __future__ import annotations
@@ -19,103 +21,202 @@ import json
 import random
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from transformers import TrainerCallback  # noqa: E402
-
+from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
+from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
+from ps_agent.questions import read_split  # noqa: E402
+from ps_agent.rewards import QUESTION_CLASSES  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
-from ps_agent.trajectories import mean, read_trajectories  # noqa: E402
-from training.data import load_questions  # noqa: E402
-from training.run_grpo import main as run_grpo  # noqa: E402
+from ps_agent.trajectories import mean  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data" / "hotpotqa"
+SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
+HELD_OUT_SEED = 7
+POLICIES = ("base", "base+demo", "trained")
+MODES = ("parallel", "sequential")
 
 
-class TimeBudget(TrainerCallback):
-    """Stops training once ``minutes`` have passed (checked after each step)."""
-
-    def __init__(self, minutes: float) -> None:
-        self.deadline = time.monotonic() + 60 * minutes
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if time.monotonic() > self.deadline:
-            control.should_training_stop = True
-        return control
-
-
-def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, str | None]:
-    """A balanced jsonl sample (half comparison, half bridge), and the corpus to search."""
-    if source == "synthetic":
-        corpus, questions = generate(seed, 400, out / "synth", per_family=n)
-        rows = [json.loads(line) for line in questions.read_text().splitlines()]
-        rows = [r for r in rows if (r["family"], r["k"], r["depth"]) in {("comparison", 2, 1), ("bridge", 1, 2)}]
-    elif (SHARED / "dev.jsonl").is_file():
-        corpus = SHARED / "corpus.jsonl"
-        rows = [json.loads(line) for line in (SHARED / "dev.jsonl").read_text().splitlines() if line.strip()]
-    else:
-        return "builtin", None
+def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
+    """Question files (each beside its ``corpus.jsonl``): the held-out synthetic world, and a sample of the
+    validation parts of HotpotQA and 2Wiki spread evenly over their types."""
+    sets = {}
+    _, sets["synthetic"] = generate(HELD_OUT_SEED, 300, out / "synthetic", per_family=2)
     rng = random.Random(seed)
-    sample = []
-    for kind in ("comparison", "bridge"):
-        of_kind = [r for r in rows if r["type"] == kind]
-        sample += rng.sample(of_kind, n // 2)
-    rng.shuffle(sample)
-    path = out / "questions.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in sample))
-    return str(path), str(corpus)
+    for name in ("hotpotqa", "2wikimultihopqa"):
+        folder = SHARED / name
+        if not (folder / "dev.jsonl").is_file():
+            print(f"skipping {name}: {folder}/dev.jsonl is absent")
+            continue
+        by_type = defaultdict(list)
+        for record in read_split(folder / "dev.jsonl", "validation"):
+            by_type[record["type"]].append(record)
+        take = per_set // len(by_type)
+        sample = [r for t in sorted(by_type) for r in rng.sample(by_type[t], min(take, len(by_type[t])))]
+        (out / name).mkdir(parents=True, exist_ok=True)
+        path = out / name / "questions.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in sample))
+        corpus = out / name / "corpus.jsonl"
+        if not corpus.exists():
+            corpus.symlink_to(folder / "corpus.jsonl")
+        sets[name] = path
+    return sets
 
 
-def curves(records: list[dict]) -> list[dict]:
-    """Per-step means of the logged rollouts."""
-    steps = sorted({r["step"] for r in records})
-    rows = []
-    for step in steps:
-        at = [r for r in records if r["step"] == step]
-        row = {"step": step, "rollouts": len(at)}
-        for k in ("total", "outcome", "decomposition", "search_count", "format"):
-            row[f"reward/{k}"] = mean([r["rewards"][k] for r in at])
-        for cls in ("parallelisable", "sequential"):
-            row[f"decomposed/{cls}"] = mean([float(r["decomposed"]) for r in at if r["question_class"] == cls])
-        row["search_rounds"] = mean([float(r["stats"]["search_rounds"]) for r in at])
-        row["format_valid"] = mean([float(r["format_valid"]) for r in at])
-        row["forced_answer"] = mean([float(r["stats"]["forced_answer"]) for r in at])
-        rows.append(row)
-    return rows
+def limited(path: Path, n: int) -> Path:
+    """The first ``n`` questions of each type of a question file, as ``NAME.baseline/questions.jsonl`` beside
+    its folder, with the same corpus."""
+    counts: dict[Any, int] = defaultdict(int)
+    kept = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        kind = record.get("family", record.get("type"))
+        if counts[kind] < n:
+            counts[kind] += 1
+            kept.append(line)
+    folder = path.parent.parent / f"{path.parent.name}.baseline"
+    folder.mkdir(exist_ok=True)
+    (folder / "questions.jsonl").write_text("\n".join(kept) + "\n")
+    if not (folder / "corpus.jsonl").exists():
+        (folder / "corpus.jsonl").symlink_to((path.parent / "corpus.jsonl").resolve())
+    return folder / "questions.jsonl"
 
 
-def thirds(rows: list[dict], key: str) -> tuple[float | None, float | None]:
-    """Mean of ``key`` over the first and the last third of the steps."""
-    values = [r[key] for r in rows if r[key] is not None]
-    if len(values) < 3:
-        return None, None
-    third = len(values) // 3
-    return mean(values[:third]), mean(values[-third:])
+def policy_for(name: str, mode: str, concurrency: int) -> TransformersPolicy:
+    """The in-process policy, greedy, batching the concurrent questions' turns."""
+    if name == "trained":
+        from ps_agent.llms import policies_dir
+
+        policy = TransformersPolicy(*load_adapter_model(policies_dir() / embedded_spec(None, mode)))
+    else:
+        policy = TransformersPolicy.from_pretrained(embedded_model_path())
+    policy.expected = concurrency  # gather the concurrent questions' turns into one batch
+    policy.batch_window_s = 0.5
+    return policy
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def table(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The benchmark's numbers for a group of result lines."""
+    ok = [r for r in records if r["error"] is None]
+    if not ok:
+        return {"n": len(records), "errors": len(records)}
+    pct = lambda key: 100 * mean([float(r[key]) for r in ok])  # noqa: E731
+    return {
+        "n": len(records),
+        "errors": len(records) - len(ok),
+        "format_valid": pct("format_valid"),
+        "decomposed": pct("decomposed"),
+        "em": pct("em"),
+        "f1": pct("f1"),
+        "llm_calls": mean([float(r["llm_calls"]) for r in ok]),
+        "forced_answer": pct("forced_answer"),
+        "seconds_per_question": mean([r["latency_s"] for r in ok]),
+    }
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per set × policy × mode, overall and per class."""
+    out: dict[str, Any] = {}
+    for r in records:
+        out.setdefault(r["dataset"], {}).setdefault(r["policy"], {}).setdefault(r["mode"], [])
+        out[r["dataset"]][r["policy"]][r["mode"]].append(r)
+    return {
+        d: {
+            p: {
+                m: {"all": table(rs)} | {c: table([r for r in rs if r["question_class"] == c])
+                                         for c in QUESTION_CLASSES if any(r["question_class"] == c for r in rs)}
+                for m, rs in modes.items()
+            }
+            for p, modes in policies.items()
+        }
+        for d, policies in out.items()
+    }  # fmt: skip
+
+
+def calls_ratio(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """LLM calls of the trained policy on parallelisable questions, parallel mode over sequential mode,
+    on the same questions, per set."""
+    ratios = {}
+    for d in sorted({r["dataset"] for r in records}):
+        calls = {
+            m: mean([float(r["llm_calls"]) for r in records if r["dataset"] == d and r["policy"] == "trained"
+                     and r["mode"] == m and r["question_class"] == "parallelisable" and r["error"] is None])
+            for m in MODES
+        }  # fmt: skip
+        ratios[d] = calls["parallel"] / calls["sequential"] if calls["parallel"] and calls["sequential"] else None
+    return ratios
+
+
+def markdown(result: dict[str, Any]) -> str:
+    f = lambda v, d=0: "–" if v is None else f"{v:.{d}f}"  # noqa: E731
+    lines = [
+        "# Learning benchmark: held-out questions, greedy",
+        "",
+        f"`{result['command']}` — {result['minutes']:.0f} min. Sets: {', '.join(result['sets'])}.",
+        "",
+        "Trained policies: `policies/smollm2-parallelsearch` (parallel mode) and `policies/smollm2-searchr1`"
+        " (sequential mode); base = untrained SmolLM2-135M-Instruct; base+demo = with the one-shot demonstration.",
+        "",
+        "LLM calls on parallelisable questions, trained policy, parallel ÷ sequential mode: "
+        + ", ".join(f"{d} {f(v and 100 * v)}%" for d, v in result["calls_ratio_parallelisable"].items()),
+        "",
+    ]
+    for d, policies in result["summary"].items():
+        lines += [f"## {d}", "", "| policy | mode | class | n | format % | decomposed % | EM % | F1 % | calls | "
+                  "forced % | s/question |", "|---" * 11 + "|"]  # fmt: skip
+        for p, modes in policies.items():
+            for m, classes in modes.items():
+                for c, t in classes.items():
+                    lines.append(
+                        f"| {p} | {m} | {c} | {t['n']} | {f(t.get('format_valid'))} | {f(t.get('decomposed'))} | "
+                        f"{f(t.get('em'))} | {f(t.get('f1'))} | {f(t.get('llm_calls'), 2)} | "
+                        f"{f(t.get('forced_answer'))} | {f(t.get('seconds_per_question'), 1)} |"
+                    )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def loss_curves(runs: dict[str, Path]) -> dict[str, list[tuple[int, float]]]:
+    """(step, loss) of each SFT run, from its trainer state."""
+    curves = {}
+    for name, run in runs.items():
+        states = sorted(run.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+        states += [run / "trainer_state.json"] if (run / "trainer_state.json").is_file() else []
+        if states:
+            history = json.loads(states[-1].read_text())["log_history"]
+            curves[name] = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    return curves
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for k in ("total", "outcome", "decomposition", "search_count", "format"):
-        axes[0].plot(steps, [r[f"reward/{k}"] for r in rows], label=k)
-    axes[0].set_title("reward (mean per step)")
-    for cls in ("parallelisable", "sequential"):
-        axes[1].plot(steps, [r[f"decomposed/{cls}"] for r in rows], marker=".", label=cls)
-    axes[1].set_title("decomposition ratio")
-    for k in ("format_valid", "forced_answer", "search_rounds"):
-        axes[2].plot(steps, [r[k] for r in rows], label=k)
-    axes[2].set_title("format, forced answers, search rounds")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for name, curve in result["sft_loss"].items():
+        axes[0].plot([s for s, _ in curve], [v for _, v in curve], label=name)
+    axes[0].set_title("SFT loss (model tokens)")
+    axes[0].set_xlabel("step")
+    labels, values = [], defaultdict(list)
+    for d, policies in result["summary"].items():
+        for c in ("parallelisable", "sequential"):
+            labels.append(f"{d}\n{c}")
+            for p in POLICIES:
+                t = policies.get(p, {}).get("parallel", {}).get(c, {})
+                values[p].append(t.get("decomposed") or 0.0)
+    width = 0.8 / len(POLICIES)
+    for i, p in enumerate(POLICIES):
+        axes[1].bar([x + i * width for x in range(len(labels))], values[p], width, label=p)
+    axes[1].set_xticks([x + width for x in range(len(labels))], labels, fontsize=7)
+    axes[1].set_title("decomposed % (parallel mode)")
     for ax in axes:
-        ax.set_xlabel("step")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -123,64 +224,49 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=60)
-    parser.add_argument("--questions", type=int, default=48)
-    parser.add_argument(
-        "--source",
-        choices=("synthetic", "hotpotqa"),
-        default="synthetic",
-        help="synthetic: 2-way comparisons and 2-hop bridges of the synthetic world (fictional, so the model must "
-        "search); hotpotqa: ../shared/data/hotpotqa/dev.jsonl with its corpus",
-    )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-set", type=int, default=24, help="questions per shared validation sample")
+    parser.add_argument("--baseline-per-set", type=int, default=3, help="questions per type for the baselines")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "learning")
+    parser.add_argument("--sft-runs", nargs="*", default=["runs/sft-parallel", "runs/sft-sequential"])
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args, grpo_flags = parser.parse_known_args()
+    args = parser.parse_args()
 
-    data, corpus = training_questions(args.questions, args.seed, args.run_dir, args.source)
-    flags = [
-        "--data", data, "--output_dir", str(args.run_dir), "--max_steps", "100000", "--save_steps", "25",
-        "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4", "--num_generations", "4",
-        "--learning_rate", "5e-5", "--bf16", "true",
-        "--temperature", "0.7", "--max_turns", "2", "--topk", "2", "--max_new_tokens", "64",
-        "--seed", str(args.seed), *grpo_flags,
-    ]  # fmt: skip
-    if corpus:
-        flags += ["--corpus", corpus]
     started = time.time()
-    run_grpo(flags, callbacks=[TimeBudget(args.minutes)])
-    minutes = (time.time() - started) / 60
-
-    rows = curves(read_trajectories(args.run_dir))
-    checks = {k: thirds(rows, k) for k in ("reward/total", "decomposed/parallelisable", "decomposed/sequential",
-                                            "format_valid", "reward/outcome")}  # fmt: skip
+    sets = held_out_sets(args.run_dir / "sets", args.per_set)
+    records = []
+    for policy in args.policies:
+        files = (
+            list(sets.values()) if policy == "trained" else [limited(p, args.baseline_per_set) for p in sets.values()]
+        )
+        for mode in MODES:
+            out_dir = args.run_dir / policy / mode
+            settings = EvalSettings(
+                llm=policy_for(policy, mode, args.concurrency),
+                retriever="auto",
+                modes=(mode,),
+                concurrency=args.concurrency,
+                agent={"demonstration": policy == "base+demo", "max_new_tokens": args.max_new_tokens},
+            )
+            evaluate(files, out_dir, settings)
+            for r in read_results(out_dir):
+                records.append(r | {"policy": policy, "dataset": r["dataset"].removesuffix(".baseline")})
     result = {
         "command": "python benchmarks/learning.py " + " ".join(sys.argv[1:]),
-        "data": data.replace(f"{ROOT}/", ""),
-        "corpus": (corpus or "embedded").replace(f"{ROOT}/", ""),
-        "questions": len(load_questions(data)),
-        "minutes": minutes,
-        "steps": len(rows),
-        "first_vs_last_third": checks,
-        "curves": rows,
+        "minutes": (time.time() - started) / 60,
+        "sets": {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in sets.items()},
+        "held_out_seed": HELD_OUT_SEED,
+        "summary": summarise(records),
+        "calls_ratio_parallelisable": calls_ratio(records),
+        "sft_loss": loss_curves({Path(r).name: ROOT / r for r in args.sft_runs}),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "learning.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(rows, args.out / "learning.png")
-    lines = [
-        "# Learning check (GRPO, SmolLM2-135M + LoRA, CPU)",
-        "",
-        f"`{result['command']}`: {result['steps']} steps in {minutes:.0f} min on {result['questions']} questions "
-        f"({result['data']}, corpus {result['corpus']}).",
-        "",
-        "| signal | first third | last third |",
-        "|---|---|---|",
-    ]
-    for key, (first, last) in checks.items():
-        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {key} | {fmt(first)} | {fmt(last)} |")
-    (args.out / "learning.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (args.out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "learning.md").write_text(markdown(result))
+    plot(result, args.out / "learning.png")
+    print(markdown(result))
 
 
 if __name__ == "__main__":

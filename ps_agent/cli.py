@@ -21,6 +21,11 @@ app = typer.Typer(help="ParallelSearch: LLM search agents that split questions i
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)  # paths in messages stay whole
 
+LLM_HELP = (
+    "LLM spec: smollm2 (the trained policy of the mode), smollm2-base (untrained), hf:PATH (model or adapter), "
+    "vllm:URL or provider:model."
+)
+
 
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False) -> None:
@@ -32,7 +37,10 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log prog
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
-    llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
+    llm: Annotated[
+        str,
+        typer.Option(help=LLM_HELP),
+    ] = "smollm2",
     corpus: Annotated[
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
@@ -119,7 +127,10 @@ def eval_command(
     retriever_url: Annotated[
         str | None, typer.Option(help="A Search-R1-protocol retrieval server, e.g. http://127.0.0.1:8000/retrieve.")
     ] = None,
-    llm: Annotated[str, typer.Option(help="LLM spec: smollm2, hf:PATH, vllm:URL or provider:model.")] = "smollm2",
+    llm: Annotated[
+        str,
+        typer.Option(help=LLM_HELP),
+    ] = "smollm2",
     mode: Annotated[str, typer.Option(help="parallel, sequential or both.")] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,

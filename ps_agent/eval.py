@@ -2,8 +2,8 @@
 
 Results go to ``OUT/results/{dataset}.{mode}.jsonl``; a rerun skips the ids already there, so an
 interrupted run resumes. ``report`` aggregates them per dataset, per question class (parallelisable /
-sequential / single-hop, from ``type`` as the paper maps it) and per mode, and writes ``summary.json``,
-``report.md`` (the paper's layouts) and PNG plots.
+sequential / hybrid / single-hop, from ``type`` through ``rewards.TYPE_CLASSES``) and per mode, and writes
+``summary.json``, ``report.md`` (the paper's layouts) and PNG plots.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.graph import run_sync
 from ps_agent.metrics import cover_exact_match, exact_match, f1_score
 from ps_agent.questions import read_jsonl
-from ps_agent.rewards import format_valid, question_class, reward_components
+from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
 from ps_agent.trajectories import TrajectoryLog, mean, read_records
 
 logger = logging.getLogger(__name__)
 
-CLASSES = ("parallelisable", "sequential", "single-hop")
+CLASSES = QUESTION_CLASSES
 
 
 @dataclass

@@ -143,7 +143,7 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
             update["prompt"] = TOOLS_PROMPT.format(parallel_hint=hint, question=question)
             update["messages"] = [HumanMessage(update["prompt"])]
         else:
-            await asyncio.to_thread(resolve_text_policy, llm_spec(cfg))
+            await asyncio.to_thread(resolve_text_policy, llm_spec(cfg), cfg.mode)
             update["prompt"] = render_prompt(question, cfg.mode)
             update["prompt_messages"] = render_chat_prompt(question, cfg.mode, cfg.demonstration)
         return update
@@ -168,7 +168,7 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
         return update
 
     async def _think_tags(state: AgentState, cfg: AgentConfig, forced: bool) -> dict[str, Any]:
-        policy = resolve_text_policy(llm_spec(cfg))
+        policy = resolve_text_policy(llm_spec(cfg), cfg.mode)
         new: list[Segment] = [_env(FORCED_ANSWER_PROMPT)] if forced else []
         transcript = state.get("transcript", []) + new
         stop = ["</answer>"] if forced else list(STOP_SEQUENCES)

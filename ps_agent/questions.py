@@ -5,6 +5,7 @@ Shared by training (TRL rows) and evaluation; a bad row is an error that names i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -79,3 +80,23 @@ def read_jsonl(
     if not rows:
         raise DataError(f"question file is empty: {path}")
     return rows
+
+
+#: The share of every shared dev file held out for validation; the rest is the train part.
+VALIDATION_FRACTION = 0.3
+
+
+def split_part(question_id: str, validation_fraction: float = VALIDATION_FRACTION) -> str:
+    """``"train"`` or ``"validation"`` for a question id: a stable hash, so a question never changes part
+    and every tool (gold trajectories, training, benchmarks) agrees on the split."""
+    bucket = int(hashlib.sha1(str(question_id).encode("utf-8")).hexdigest()[:8], 16) / 16**8
+    return "validation" if bucket < validation_fraction else "train"
+
+
+def read_split(path: str | Path, part: str) -> list[dict[str, Any]]:
+    """The raw records of one part (``train`` or ``validation``) of a shared jsonl file, in file order."""
+    if part not in ("train", "validation"):
+        raise ValueError(f"part must be 'train' or 'validation', got {part!r}")
+    with Path(path).open(encoding="utf-8") as lines:
+        records = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in records if split_part(r["id"]) == part]

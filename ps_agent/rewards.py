@@ -13,8 +13,29 @@ from typing import Any, Literal
 from ps_agent.metrics import exact_match
 from ps_agent.protocol import is_well_formed_turn
 
-QuestionClass = Literal["parallelisable", "sequential", "single-hop"]
+QuestionClass = Literal["parallelisable", "sequential", "single-hop", "hybrid"]
+QUESTION_CLASSES: tuple[QuestionClass, ...] = ("parallelisable", "sequential", "hybrid", "single-hop")
 COMPONENTS = ("outcome", "decomposition", "search_count", "format")
+
+#: Dataset ``type`` → question class. ``hybrid`` is our addition to the paper's three classes: independent
+#: chains (2Wiki ``bridge_comparison``, the synthetic hybrids) that should be decomposed *and* searched in
+#: at least two rounds. A missing type is single-hop (NQ, Bamboogle).
+TYPE_CLASSES: dict[str, QuestionClass] = {
+    "comparison": "parallelisable",
+    "single": "single-hop",
+    "single-hop": "single-hop",
+    "bridge": "sequential",
+    "compositional": "sequential",
+    "inference": "sequential",
+    "2hop": "sequential",
+    "3hop1": "sequential",
+    "3hop2": "sequential",
+    "4hop1": "sequential",
+    "4hop2": "sequential",
+    "4hop3": "sequential",
+    "bridge_comparison": "hybrid",
+    "hybrid": "hybrid",
+}
 
 
 @dataclass(frozen=True)
@@ -28,11 +49,25 @@ class RewardWeights:
 
 
 def question_class(question_type: str | None) -> QuestionClass:
-    """The paper's classes from a dataset ``type``: comparison → parallelisable, none → single-hop,
-    anything else (bridge, compositional, inference, 2hop, …) → sequential."""
-    if not question_type:
+    """The class of a dataset ``type`` through ``TYPE_CLASSES``; none (or ``"none"``) is single-hop."""
+    if not question_type or question_type.lower() == "none":
         return "single-hop"
-    return "parallelisable" if question_type == "comparison" else "sequential"
+    try:
+        return TYPE_CLASSES[question_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown question type {question_type!r}: expected none (single-hop) or one of {sorted(TYPE_CLASSES)}"
+        ) from None
+
+
+def should_decompose(question_type: str | None) -> bool:
+    """Whether the right behaviour splits the question: parallelisable and hybrid questions."""
+    return question_class(question_type) in ("parallelisable", "hybrid")
+
+
+def forced(trajectory: Mapping[str, Any]) -> bool:
+    """The environment pre-filled the answer after ``max_turns``: the policy never chose to answer."""
+    return any(call["action"] == "forced_answer" for call in trajectory["llm_calls"])
 
 
 def format_valid(trajectory: Mapping[str, Any]) -> bool:
@@ -55,25 +90,30 @@ def decomposed(trajectory: Mapping[str, Any]) -> bool:
 
 
 def outcome_reward(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:
-    """r_o: exact match of the answer with any golden answer (SQuAD normalisation)."""
+    """r_o: exact match of the answer with any golden answer (SQuAD normalisation). A forced answer earns
+    nothing: in training, an answer the environment had to ask for is not an answer."""
+    if forced(trajectory):
+        return 0.0
     return exact_match(trajectory.get("answer"), golden_answers)
 
 
 def decomposition_reward(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
-    """r_d: λd for not splitting a question that is not parallelisable, α·λd for splitting one that is."""
-    parallelisable = question_class(question_type) == "parallelisable"
+    """r_d: λd for not splitting a question that should stay whole, α·λd for splitting one that should be
+    split (parallelisable and hybrid questions)."""
+    split_wanted = should_decompose(question_type)
     split = decomposed(trajectory)
-    if parallelisable and split:
+    if split_wanted and split:
         return w.parallel_bonus * w.decomposition
-    if not parallelisable and not split:
+    if not split_wanted and not split:
         return w.decomposition
     return 0.0
 
 
 def search_count_reward(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
-    """r_s: one search round is ideal for parallelisable and single-hop questions, two for sequential ones."""
+    """r_s: one search round is ideal for parallelisable and single-hop questions, at least two for
+    sequential and hybrid ones."""
     n = len(trajectory["search_rounds"])
-    if question_class(question_type) == "sequential":
+    if question_class(question_type) in ("sequential", "hybrid"):
         return -w.search_count * abs(min(n, 2) - 2)
     return -w.search_count * abs(n - 1)
 
@@ -104,3 +144,16 @@ def reward_components(
         "format": format_reward(trajectory, outcome, w),
     }
     return parts | {"total": sum(parts.values())}
+
+
+def always_decompose_optimal(class_fractions: Mapping[str, float], weights: RewardWeights | None = None) -> bool:
+    """Whether a policy that cannot tell the classes apart earns more r_d by always decomposing than by never
+    decomposing, on a training mix with these class fractions.
+
+    Always: α·λd·p, never: λd·(1 − p), with p the fraction that should be split (parallelisable + hybrid);
+    always-decompose wins when α·p > 1 − p, i.e. p > 1 / (1 + α) (a quarter for the paper's α = 3).
+    """
+    w = weights or RewardWeights()
+    total = sum(class_fractions.values())
+    p = sum(v for k, v in class_fractions.items() if k in ("parallelisable", "hybrid")) / total
+    return w.parallel_bonus * w.decomposition * p > w.decomposition * (1 - p) + 1e-12

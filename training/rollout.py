@@ -34,7 +34,15 @@ from ps_agent.llms import (
     segment_ids,
 )
 from ps_agent.protocol import ChatPrompt
-from ps_agent.rewards import COMPONENTS, RewardWeights, decomposed, format_valid, question_class, reward_components
+from ps_agent.rewards import (
+    COMPONENTS,
+    QUESTION_CLASSES,
+    RewardWeights,
+    decomposed,
+    format_valid,
+    question_class,
+    reward_components,
+)
 from ps_agent.state import Segment
 from ps_agent.trajectories import TrajectoryLog, mean
 
@@ -64,8 +72,15 @@ class RolloutSettings:
             raise ValueError("the openai backend needs openai_base_url (e.g. http://127.0.0.1:8000/v1)")
 
 
-def token_sequences(trajectory: dict[str, Any], tokenizer: Any) -> dict[str, list]:
-    """Prompt ids, completion ids, env mask and logprobs of one rollout, exactly as the policy saw them."""
+def token_sequences(
+    trajectory: dict[str, Any], tokenizer: Any, max_completion_length: int | None = None
+) -> dict[str, Any]:
+    """Prompt ids, completion ids, env mask and logprobs of one rollout, exactly as the policy saw them.
+
+    An episode that ended with an answer ends with the tokenizer's end-of-turn token (environment side:
+    mask 0), so TRL sees a finished completion, not a clipped one. An episode longer than
+    ``max_completion_length`` is cut there and marked ``truncated`` (no end-of-turn token).
+    """
     completion_ids: list[int] = []
     env_mask: list[int] = []
     logprobs: list[float] = []
@@ -80,11 +95,19 @@ def token_sequences(trajectory: dict[str, Any], tokenizer: Any) -> dict[str, lis
         else:
             env_mask += [0] * len(ids)
             logprobs += [0.0] * len(ids)
+    if trajectory.get("answer") is not None and tokenizer.eos_token_id is not None:
+        completion_ids.append(tokenizer.eos_token_id)
+        env_mask.append(0)
+        logprobs.append(0.0)
+    truncated = max_completion_length is not None and len(completion_ids) > max_completion_length
+    if truncated:
+        completion_ids, env_mask, logprobs = (x[:max_completion_length] for x in (completion_ids, env_mask, logprobs))
     return {
         "prompt_ids": chat_prompt_ids(tokenizer, trajectory["prompt_messages"]),
         "completion_ids": completion_ids,
         "env_mask": env_mask,
         "logprobs": logprobs,
+        "truncated": truncated,
     }
 
 
@@ -241,6 +264,7 @@ class AgentRollout:
     def _assemble(self, prompts: list[str], outs: list[dict[str, Any]], trainer: Any) -> dict[str, list]:
         tokenizer = trainer.processing_class
         log = TrajectoryLog(self.output_dir / f"trajectories-{trainer.accelerator.process_index}.jsonl")
+        max_length = getattr(trainer.args, "max_completion_length", None) if hasattr(trainer, "args") else None
         batch: dict[str, list] = {
             k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward_components", "rollout")
         }
@@ -249,10 +273,13 @@ class AgentRollout:
             rewards = reward_components(
                 out["trajectory"], row["golden_answers"], row["question_type"], self.settings.reward_weights
             )
-            record = rollout_record(out, row, rewards, trainer.state.global_step)
+            sequences = token_sequences(out["trajectory"], tokenizer, max_length)
+            record = rollout_record(out, row, rewards, trainer.state.global_step) | {
+                "truncated": sequences["truncated"]
+            }
             log.append(record)
-            for key, value in token_sequences(out["trajectory"], tokenizer).items():
-                batch[key].append(value)
+            for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs"):
+                batch[key].append(sequences[key])
             batch["reward_components"].append(rewards)
             batch["rollout"].append(
                 {
@@ -262,6 +289,7 @@ class AgentRollout:
                     "search_rounds": out["stats"]["search_rounds"],
                     "forced_answer": out["stats"]["forced_answer"],
                     "failed_searches": out["stats"]["failed_searches"],
+                    "truncated": sequences["truncated"],
                 }
             )
         return batch
@@ -275,8 +303,9 @@ def log_rollout_metrics(rollouts: list[dict[str, Any]], log_metric: Callable[[st
         "rollout/format_valid_frac": mean([float(r["format_valid"]) for r in rollouts]),
         "rollout/search_rounds": mean([float(r["search_rounds"]) for r in rollouts]),
         "rollout/failed_searches": float(sum(r["failed_searches"] for r in rollouts)),
+        "rollout/truncated_frac": mean([float(r.get("truncated", False)) for r in rollouts]),
     }
-    for cls in ("parallelisable", "sequential", "single-hop"):
+    for cls in QUESTION_CLASSES:
         of_class = [float(r["decomposed"]) for r in rollouts if r["question_class"] == cls]
         metrics[f"rollout/decomposed_frac/{cls}"] = mean(of_class)
     for name, value in metrics.items():

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.rewards import RewardWeights
+from ps_agent.rewards import QUESTION_CLASSES, RewardWeights, always_decompose_optimal, question_class
 from training.data import load_questions, to_dataset
 from training.rollout import AgentRollout, RolloutSettings, reward_functions
 
@@ -66,7 +67,13 @@ class ParallelSearchArguments:
         },
     )
     lambda_d: float = field(default=0.15, metadata={"help": "decomposition reward weight λd"})
-    alpha: float = field(default=3.0, metadata={"help": "bonus multiplier α for decomposing parallelisable questions"})
+    alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "bonus multiplier α for decomposing parallelisable questions; default: the paper's 3, lowered "
+            "to 0.8 × the break-even value on a mix where 3 would make always-decomposing pay (docs/rewards.md)"
+        },
+    )
     lambda_s: float = field(default=0.35, metadata={"help": "search-count penalty weight λs"})
     lambda_f: float = field(default=0.1, metadata={"help": "format reward weight λf"})
     use_lora: bool = True
@@ -83,6 +90,33 @@ def model_path(name: str) -> str:
     return name
 
 
+def class_fractions(rows: list[dict]) -> dict[str, float]:
+    """The share of each question class in the training rows."""
+    counts = Counter(question_class(r["question_type"]) for r in rows)
+    return {c: counts[c] / len(rows) for c in QUESTION_CLASSES}
+
+
+def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0) -> float:
+    """α for this training mix, logged with the class proportions. Always decomposing must never pay more
+    decomposition reward than telling the classes apart: α·p < 1 − p, p the share of questions to split.
+    ``None``: the paper's α, or 0.8 × the break-even (1 − p)/p where that is lower; an explicit α that
+    breaks the rule is refused."""
+    fractions = class_fractions(rows)
+    split = fractions["parallelisable"] + fractions["hybrid"]
+    logger.info("training mix: %s", ", ".join(f"{c} {100 * f:.0f}%" for c, f in fractions.items()))
+    break_even = (1 - split) / split if split else float("inf")
+    if alpha is None:
+        alpha = min(paper_alpha, 0.8 * break_even)
+        logger.info("alpha = %.3g (break-even on this mix: %.3g)", alpha, break_even)
+    elif always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)):
+        raise ValueError(
+            f"on this training mix {100 * split:.0f}% of the questions should be decomposed, so with alpha={alpha} "
+            "always decomposing earns more decomposition reward than telling the classes apart: use --alpha "
+            f"below {break_even:.2f}, or add sequential and single-hop questions"
+        )
+    return alpha
+
+
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
     from transformers import AutoTokenizer
@@ -95,6 +129,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
+    weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
     settings = RolloutSettings(
         backend=args.backend,
         mode=args.mode,
@@ -106,7 +141,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         top_p=config.top_p,
         retriever=args.corpus,
         openai_base_url=args.openai_base_url,
-        reward_weights=RewardWeights(args.lambda_d, args.alpha, args.lambda_s, args.lambda_f),
+        reward_weights=weights,
     )
     peft_config = None
     if args.use_lora:

@@ -1,0 +1,88 @@
+"""The SFT warm start: real batches mask the prompt and observations, and run_sft trains, saves and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from training.gold import build_episodes, synthetic_questions
+from training.run_sft import load_examples, main
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+@pytest.fixture(scope="module")
+def episodes_file(smollm2_path, tmp_path_factory):
+    """Gold episodes of a small synthetic world, as training/gold.py writes them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    out = tmp_path_factory.mktemp("gold")
+    gold = synthetic_questions([5], entities=60, per_family=1, out=out)
+    episodes, _ = build_episodes(gold.questions, "parallel", tokenizer, topk=2)
+    path = out / "parallel.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes[:8]))
+    return path, episodes[:8]
+
+
+def sft_args(model, episodes, out, *extra):
+    return [
+        "--model_name_or_path", str(model), "--episodes", str(episodes), "--output_dir", str(out),
+        "--per_device_train_batch_size", "2", "--save_steps", "1", "--logging_steps", "1", "--report_to", "none",
+        "--lora_r", "4", *extra,
+    ]  # fmt: skip
+
+
+def test_a_real_batch_masks_every_prompt_and_observation_token(tiny_model, episodes_file, tmp_path):
+    from transformers import TrainerCallback
+
+    path, episodes = episodes_file
+    seen = []
+
+    class FirstBatch(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            seen.append(next(iter(train_dataloader)))
+
+    main(sft_args(tiny_model, path, tmp_path / "run", "--max_steps", "1"), callbacks=[FirstBatch()])
+    batch = seen[0]
+    by_ids = {tuple(e["prompt_ids"] + e["completion_ids"]): e for e in episodes}
+    for input_ids, labels, attention in zip(batch["input_ids"], batch["labels"], batch["attention_mask"], strict=True):
+        n = int(attention.sum())
+        ep = by_ids[tuple(input_ids[:n].tolist())]  # a real episode, right-padded
+        trained = [0] * len(ep["prompt_ids"]) + ep["env_mask"]
+        for token, label, keep in zip(input_ids[:n].tolist(), labels[:n].tolist(), trained, strict=True):
+            assert label == (token if keep else -100)
+        assert (labels[n:] == -100).all()  # padding
+        assert sum(trained) > 0 and sum(trained) < n  # some tokens are trained, the prompt never
+
+
+def test_two_sft_steps_with_a_tiny_model_then_resume(tiny_model, episodes_file, tmp_path):
+    path, _ = episodes_file
+    out = tmp_path / "run"
+    final = main(sft_args(tiny_model, path, out, "--max_steps", "2"))
+    assert (final / "adapter_model.safetensors").is_file() and (final / "adapter_config.json").is_file()
+    assert (out / "checkpoint-2").is_dir()
+    main(sft_args(tiny_model, path, out, "--max_steps", "3", "--resume_from_checkpoint", str(out / "checkpoint-2")))
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+
+    from safetensors import safe_open
+
+    with safe_open(final / "adapter_model.safetensors", "pt") as f:
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}  # noqa: SIM118 (not a dict)
+
+
+def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_model):
+    with pytest.raises(FileNotFoundError, match=r"episodes file not found: .*expected the jsonl written by"):
+        load_examples(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [1, 2]}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: not a gold episode .*expected a JSON object with prompt_ids"):
+        load_examples(bad)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt_ids": [1] * 50, "completion_ids": [2] * 60, "env_mask": [1] * 60}) + "\n")
+    with pytest.raises(ValueError, match="1 episodes are longer than max_length=100"):
+        main(sft_args(tiny_model, long, tmp_path / "run", "--max_length", "100", "--max_steps", "1"))

@@ -1,0 +1,429 @@
+"""Gold trajectories: questions with a gold plan, played through the real agent graph by a teacher that
+writes the plan's turns, kept as the exact token sequences a rollout produces.
+
+    python training/gold.py --mode parallel --out runs/gold/parallel.jsonl
+
+The teacher is a ``TextPolicy`` like any other: the graph renders the prompt, parses its turns, searches
+the real retriever and renders the observations, and ``training.rollout.token_sequences`` turns the
+trajectory into prompt ids, completion ids and the environment mask — so a gold episode and an RL rollout
+of the same text are the same tokens. Plans come from the synthetic worlds (every family) and from the
+train parts of the shared HotpotQA, 2Wiki and MuSiQue files (derived from ``supporting_titles``). An episode
+is kept only when every gold passage was actually retrieved; every question left out is counted by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `training` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ps_agent.agent import ParallelSearchAgent
+from ps_agent.llms import Completion
+from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
+from ps_agent.questions import read_split
+from ps_agent.rewards import question_class
+from ps_agent.state import Segment
+from ps_agent.synthetic import generate
+from training.rollout import token_sequences
+
+logger = logging.getLogger("gold")
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_SETS = ("hotpotqa", "2wikimultihopqa", "musique")
+#: Seeds of the synthetic worlds used for training; benchmarks hold out others (see benchmarks/learning.py).
+TRAIN_SEEDS = (101, 102, 103, 104, 105, 106)
+
+
+@dataclass
+class GoldQuestion:
+    """A question and its gold plan: search rounds of steps ``{"sub_question", "passage_id", "finding"}``
+    (``finding``: what the step's passage says, when known)."""
+
+    id: str
+    question: str
+    golden_answers: list[str]
+    type: str | None
+    plan: list[list[dict[str, Any]]]
+    source: str
+    corpus: str
+
+    @property
+    def question_class(self) -> str:
+        return question_class(self.type)
+
+
+@dataclass
+class GoldSet:
+    """Questions with plans, and the questions left out, counted by reason."""
+
+    questions: list[GoldQuestion] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+
+
+# --- plans --------------------------------------------------------------------------------------
+
+
+def synthetic_questions(seeds: Sequence[int], entities: int, per_family: int, out: Path) -> GoldSet:
+    """Every family of the synthetic worlds of ``seeds`` (written under ``out``)."""
+    gold = GoldSet()
+    for seed in seeds:
+        corpus, path = generate(seed, entities, out / f"synth-{seed}", per_family=per_family)
+        for q in map(json.loads, path.read_text().splitlines()):
+            gold.questions.append(
+                GoldQuestion(
+                    q["id"], q["question"], q["golden_answers"], q["type"], q["plan"], "synthetic", str(corpus)
+                )
+            )
+    return gold
+
+
+def _mentioned(title: str, question: str) -> bool:
+    """A supporting title (its parenthesised qualifier dropped) appears in the question."""
+    name = " ".join(re.sub(r"[^a-z0-9]+", " ", re.sub(r"\(.*?\)", "", title.lower())).split())
+    text = " ".join(re.sub(r"[^a-z0-9]+", " ", question.lower()).split())
+    return bool(name) and f" {name} " in f" {text} "
+
+
+def _first_hop(titles: list[str], question: str, passages: dict[str, str], ids: list[str]) -> str | None:
+    """The title a two-hop chain starts from: the one the question names, or else the one whose passage
+    names the other (the bridge entity); None when neither rule decides."""
+    named = [t for t in titles if _mentioned(t, question)]
+    if len(named) == 1:
+        return named[0]
+    (a, b), (ia, ib) = titles, ids
+    a_names_b, b_names_a = _mentioned(b, passages.get(ia, "")), _mentioned(a, passages.get(ib, ""))
+    if a_names_b != b_names_a:
+        return a if a_names_b else b
+    return None
+
+
+def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = None) -> list[list[dict]] | str:
+    """A plan from a shared record's ``supporting_titles``, or the reason there is none.
+
+    comparison: one round searching both entities; bridge / compositional / inference: the entity the
+    question names (or whose passage names the other), then the other; bridge_comparison: both named
+    entities, then the two others; MuSiQue's nhop: its titles in hop order, one per round.
+    ``passages``: corpus text by id, to order a chain whose question names neither or both titles.
+    """
+    titles, ids = record.get("supporting_titles") or [], record.get("supporting_doc_ids") or []
+    qtype, question = record.get("type"), record["question"]
+    if not titles or len(titles) != len(ids):
+        return "no supporting titles"
+    if len(set(titles)) != len(titles):
+        return "repeated supporting title"
+    steps = {t: {"sub_question": t, "passage_id": i, "finding": None} for t, i in zip(titles, ids, strict=True)}
+    named = [t for t in titles if _mentioned(t, question)]
+    others = [t for t in titles if t not in named]
+    if qtype == "comparison":
+        return [[steps[t] for t in titles]] if len(titles) == 2 else "comparison without two supporting titles"
+    if qtype in ("bridge", "compositional", "inference"):
+        if len(titles) != 2:
+            return f"{qtype} without two supporting titles"
+        first = _first_hop(titles, question, passages or {}, ids)
+        if first is None:
+            return "hop order not derivable (from the question or the passages)"
+        return [[steps[first]], [steps[next(t for t in titles if t != first)]]]
+    if qtype == "bridge_comparison":
+        if len(titles) != 4 or len(named) != 2:
+            return "bridge_comparison without two named and two bridged titles"
+        return [[steps[t] for t in named], [steps[t] for t in others]]
+    if qtype and qtype[0].isdigit() and qtype[1:4] == "hop":
+        return [[steps[t]] for t in titles]
+    return f"no plan for type {qtype!r}"
+
+
+def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> GoldSet:
+    """The ``part`` of a shared dev file, with plans derived from supporting titles."""
+    gold = GoldSet()
+    folder = root / name
+    if not (folder / "dev.jsonl").is_file() or not (folder / "corpus.jsonl").is_file():
+        gold.skipped[f"{name}: no dev.jsonl and corpus.jsonl in {folder}"] += 1
+        return gold
+    with (folder / "corpus.jsonl").open(encoding="utf-8") as lines:
+        passages = {row["id"]: row["contents"] for row in map(json.loads, lines)}
+    for record in read_split(folder / "dev.jsonl", part):
+        plan = plan_from_titles(record, passages)
+        if isinstance(plan, str):
+            gold.skipped[f"{name}: {plan}"] += 1
+            continue
+        gold.questions.append(
+            GoldQuestion(
+                record["id"], record["question"], record["golden_answers"], record["type"], plan, name,
+                str(folder / "corpus.jsonl"),
+            )
+        )  # fmt: skip
+    return gold
+
+
+# --- the teacher's turns ------------------------------------------------------------------------
+
+_FIRST = {
+    "parallelisable": [
+        "I need to look up {subs}. These facts are independent of each other, so I search for them in parallel.",
+        "The question compares {n} things. Each fact can be found on its own: {subs}. I search them all at once.",
+        "To compare them I need {subs}. None of these depends on another, so I split the search.",
+    ],
+    "hybrid": [
+        "The question compares {n} things, and each needs a chain of lookups. The chains do not depend on each "
+        "other, so I search their first steps in parallel: {subs}.",
+        "Each of the {n} things needs more than one search, but they are independent. I start every chain at "
+        "once: {subs}.",
+    ],
+    "sequential": [
+        "The steps of this question depend on each other. First I need {subs}; the next search depends on what I find.",
+        "I cannot search everything at once: the second step needs the answer of the first. I start with {subs}.",
+        "This is a chain of lookups, so I search one step at a time, starting with {subs}.",
+    ],
+    "single-hop": [
+        "I need to look up {subs}. This is a single fact, so one search is enough.",
+        "One search for {subs} should answer this.",
+    ],
+}
+_SEQUENTIAL_FIRST = [
+    "I need to look up {all}. I search one query at a time, starting with {subs}.",
+    "I search for one thing at a time. First: {subs}.",
+]
+_NEXT = {
+    True: ["I found {found}. Next I need {subs}.", "So {found}. Now I search for {subs}."],
+    False: ["The information points to {subs}, so I search for it next.", "Next I need to look up {subs}."],
+}
+_ANSWER = {
+    True: ["I found {found}. So the answer is {answer}.", "So {found}. The answer is {answer}."],
+    False: ["The information answers the question: {answer}.", "From the information, the answer is {answer}."],
+}
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
+
+
+def _found(steps: Sequence[dict[str, Any]]) -> str | None:
+    if not steps or any(s.get("finding") is None for s in steps):
+        return None
+    return _and([f"{s['sub_question']}: {s['finding']}" for s in steps])
+
+
+def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
+    """The model turns of the gold episode: think + search per round (one query per turn in sequential
+    mode), then think + answer. Think text names the sub-questions and says why they are (in)dependent."""
+    rounds = q.plan if mode == "parallel" else [[step] for r in q.plan for step in r]
+    turns: list[str] = []
+    previous: list[dict[str, Any]] = []
+    for i, steps in enumerate(rounds):
+        subs = _and([s["sub_question"] for s in steps])
+        found = _found(previous)
+        if i == 0 and mode == "parallel":
+            think = rng.choice(_FIRST[q.question_class]).format(subs=subs, n=len(steps))
+        elif i == 0:
+            every = _and([s["sub_question"] for s in q.plan[0]])
+            think = rng.choice(_SEQUENTIAL_FIRST if len(q.plan[0]) > 1 else _FIRST["single-hop"])
+            think = think.format(all=every, subs=subs)
+        else:
+            think = rng.choice(_NEXT[found is not None]).format(found=found, subs=subs)
+        turns.append(f"<think> {think} </think>\n{render_search([s['sub_question'] for s in steps])}")
+        previous = steps
+    found = _found(q.plan[-1])  # the last round holds what the answer is read from
+    think = rng.choice(_ANSWER[found is not None]).format(found=found, answer=q.golden_answers[0])
+    turns.append(f"<think> {think} </think>\n{render_answer(q.golden_answers[0])}")
+    return turns
+
+
+class TeacherPolicy:
+    """A ``TextPolicy`` that writes each question's gold turns, token-exact under ``tokenizer``."""
+
+    def __init__(self, tokenizer: Any, turns: dict[str, list[str]]) -> None:
+        self.tokenizer = tokenizer
+        self.turns = turns
+
+    async def acomplete(
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
+        done = sum(segment["role"] == "model" for segment in transcript)
+        text = self.turns[question][done]
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return Completion(text, prompt[-1]["content"], None, len(ids), ids, [0.0] * len(ids), "stop")
+
+
+# --- episodes -----------------------------------------------------------------------------------
+
+
+def episode(q: GoldQuestion, out: dict[str, Any], mode: str, tokenizer: Any) -> dict[str, Any] | str:
+    """A training episode from the graph's output, or why it is left out."""
+    trajectory, stats = out["trajectory"], out["stats"]
+    if stats["forced_answer"] or stats["invalid_turns"]:
+        return "did not finish within max_turns"
+    retrieved = {p["id"] for r in trajectory["search_rounds"] for res in r["results"] for p in res["passages"]}
+    if any(s["passage_id"] not in retrieved for r in q.plan for s in r):
+        return "a gold passage was not retrieved"
+    seq = token_sequences(trajectory, tokenizer)
+    return {
+        "id": q.id,
+        "source": q.source,
+        "question": q.question,
+        "question_type": q.type,
+        "question_class": q.question_class,
+        "mode": mode,
+        "prompt_ids": seq["prompt_ids"],
+        "completion_ids": seq["completion_ids"],
+        "env_mask": seq["env_mask"],
+    }
+
+
+def sft_example(ep: dict[str, Any]) -> dict[str, list[int]]:
+    """``input_ids`` and ``labels`` for SFT: the loss falls on the model's turns only, −100 on the prompt
+    and on every observation token."""
+    labels = [-100] * len(ep["prompt_ids"]) + [
+        t if keep else -100 for t, keep in zip(ep["completion_ids"], ep["env_mask"], strict=True)
+    ]
+    return {"input_ids": ep["prompt_ids"] + ep["completion_ids"], "labels": labels}
+
+
+def build_episodes(
+    questions: Sequence[GoldQuestion],
+    mode: Mode,
+    tokenizer: Any,
+    *,
+    max_length: int = 896,
+    max_turns: int = 4,
+    topk: int = 3,
+    seed: int = 0,
+) -> tuple[list[dict[str, Any]], Counter]:
+    """Gold episodes of ``questions`` in ``mode`` through the real graph, and the count of those left out
+    by reason (too many turns for ``max_turns``, a gold passage not retrieved, longer than ``max_length``)."""
+    rng = random.Random(seed)
+    skipped: Counter = Counter()
+    episodes: list[dict[str, Any]] = []
+    by_corpus: dict[str, list[GoldQuestion]] = {}
+    for q in questions:
+        rounds = len(q.plan) if mode == "parallel" else sum(map(len, q.plan))
+        if rounds + 1 > max_turns:
+            skipped[f"needs {rounds} searches, more than max_turns={max_turns} allows"] += 1
+        else:
+            by_corpus.setdefault(q.corpus, []).append(q)
+    for corpus, group in by_corpus.items():
+        unique = {q.question: q for q in group}  # a repeated question text would share one teacher script
+        skipped["repeated question text"] += len(group) - len(unique)
+        group = list(unique.values())
+        teacher = TeacherPolicy(tokenizer, {q.question: teacher_turns(q, mode, rng) for q in group})
+        agent = ParallelSearchAgent(llm=teacher, retriever=corpus, mode=mode, max_turns=max_turns, topk=topk)
+        outs = asyncio.run(_run(agent, [q.question for q in group]))
+        for q, out in zip(group, outs, strict=True):
+            ep = episode(q, out, mode, tokenizer)
+            if isinstance(ep, str):
+                skipped[ep] += 1
+            elif len(ep["prompt_ids"]) + len(ep["completion_ids"]) > max_length:
+                skipped[f"longer than max_length={max_length} tokens"] += 1
+            else:
+                episodes.append(ep)
+    skipped = Counter({k: v for k, v in skipped.items() if v})
+    return episodes, skipped
+
+
+async def _run(agent: ParallelSearchAgent, questions: list[str], concurrency: int = 16) -> list[dict[str, Any]]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(question: str) -> dict[str, Any]:
+        async with gate:
+            return await agent.ainvoke({"question": question})
+
+    return await asyncio.gather(*(one(q) for q in questions))
+
+
+def gold_questions(
+    seeds: Sequence[int] = TRAIN_SEEDS, entities: int = 400, per_family: int = 6, shared: Sequence[str] = SHARED_SETS,
+    work_dir: Path = Path("runs/gold"),
+) -> GoldSet:  # fmt: skip
+    """The training questions: synthetic worlds of ``seeds`` and the train parts of the ``shared`` sets."""
+    gold = synthetic_questions(seeds, entities, per_family, work_dir)
+    for name in shared:
+        part = shared_questions(name)
+        gold.questions += part.questions
+        gold.skipped += part.skipped
+    return gold
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
+    parser.add_argument("--out", type=Path, default=None, help="episodes jsonl (default runs/gold/MODE.jsonl)")
+    parser.add_argument("--model", default="smollm2", help="the tokenizer's model: smollm2 or a model folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(TRAIN_SEEDS))
+    parser.add_argument("--entities", type=int, default=400)
+    parser.add_argument("--per-family", type=int, default=6)
+    parser.add_argument("--shared", nargs="*", default=list(SHARED_SETS), help="shared sets whose train part to use")
+    parser.add_argument("--max-length", type=int, default=896)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument(
+        "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from transformers import AutoTokenizer
+
+    from training.run_grpo import model_path
+
+    out = args.out or Path("runs/gold") / f"{args.mode}.jsonl"
+    tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))
+    gold = gold_questions(args.seeds, args.entities, args.per_family, args.shared, out.parent)
+    episodes, skipped = build_episodes(
+        gold.questions, args.mode, tokenizer, max_length=args.max_length, max_turns=args.max_turns, topk=args.topk
+    )
+    built = len(episodes)
+    if args.per_source_class:
+        episodes = capped(episodes, args.per_source_class)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(ep) + "\n" for ep in episodes))
+    report = summary(gold, episodes, skipped) | {"episodes_built": built, "per_source_class": args.per_source_class}
+    out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    logger.info("%s", json.dumps(report, indent=1))
+    return out
+
+
+def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """At most ``n`` episodes of each (source, class), drawn by a seeded shuffle, then shuffled together."""
+    shuffled = list(episodes)
+    random.Random(seed).shuffle(shuffled)
+    taken: Counter = Counter()
+    kept = []
+    for ep in shuffled:
+        key = (ep["source"], ep["question_class"])
+        if taken[key] < n:
+            taken[key] += 1
+            kept.append(ep)
+    return kept
+
+
+def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter) -> dict[str, Any]:
+    """What was kept, by source and class, and what was left out, by reason."""
+    planned = len(gold.questions)
+    tokens = [len(e["prompt_ids"]) + len(e["completion_ids"]) for e in episodes]
+    return {
+        "questions_with_plan": planned,
+        "episodes": len(episodes),
+        "kept_fraction": round(len(episodes) / planned, 4) if planned else 0.0,
+        "by_source": dict(Counter(e["source"] for e in episodes)),
+        "by_class": dict(Counter(e["question_class"] for e in episodes)),
+        "tokens": sum(tokens),
+        "trained_tokens": sum(sum(e["env_mask"]) for e in episodes),
+        "max_tokens": max(tokens, default=0),
+        "skipped_without_plan": dict(gold.skipped),
+        "skipped_episodes": dict(skipped),
+    }
+
+
+if __name__ == "__main__":
+    main()
