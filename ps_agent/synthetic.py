@@ -143,11 +143,12 @@ class World:
 
 
 # Comparisons: (entity kind, attribute compared, sub-question noun, question, whether the smallest value wins).
+# City sub-questions name the kind and the passage's own words: people and companies name their city too.
 _COMPARISONS = [
     ("person", "born", "birth year", "Who was born first: {names}?", True),
     ("person", "born", "birth year", "Which of these people was born most recently: {names}?", False),
-    ("city", "founded", "founding year", "Which city was founded earliest: {names}?", True),
-    ("city", "population", "population", "Which city has the {most} inhabitants: {names}?", False),
+    ("city", "founded", "city founded", "Which city was founded earliest: {names}?", True),
+    ("city", "population", "city population", "Which city has the {most} inhabitants: {names}?", False),
     ("company", "founded", "founding year", "Which company is the oldest: {names}?", True),
     ("work", "year", "release year", "Which work was released first: {names}?", True),
 ]
@@ -161,7 +162,7 @@ _HOPS = {
     "city": ("country", "the country of {}", "{} country"),
 }
 # What a chain of d rounds asks at its end: d - 1 hops lead from a company or work to this kind.
-_FINAL = {2: ("person", "born", "birth year"), 3: ("city", "founded", "founding year"),
+_FINAL = {2: ("person", "born", "birth year"), 3: ("city", "founded", "city founded"),
           4: ("country", "independence", "independence year")}  # fmt: skip
 
 
