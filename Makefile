@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/ps-agent ask "$(QUESTION)" --demonstration
+	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
 test: install
 	$(VENV)/bin/pytest -q -ra tests --nbmake notebooks/quickstart.ipynb

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,14 @@ def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_mod
     long.write_text(json.dumps({"prompt_ids": [1] * 50, "completion_ids": [2] * 60, "env_mask": [1] * 60}) + "\n")
     with pytest.raises(ValueError, match="1 episodes are longer than max_length=100"):
         main(sft_args(tiny_model, long, tmp_path / "run", "--max_length", "100", "--max_steps", "1"))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_the_shipped_adapters_configs_parse(mode):
+    from trl import SFTConfig, TrlParser
+
+    from training.run_sft import SFTArguments
+
+    config = Path(__file__).resolve().parents[1] / "training" / "configs" / f"sft_{mode}.yaml"
+    args, sft = TrlParser((SFTArguments, SFTConfig)).parse_args_and_config(["--config", str(config)])[:2]
+    assert args.episodes == f"runs/gold/{mode}.jsonl" and args.lora_r == 16 and sft.max_length == 896

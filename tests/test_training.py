@@ -195,6 +195,28 @@ def test_token_sequences_of_a_hand_made_trajectory(smollm2_path):
     assert tokenizer.decode(seq["prompt_ids"]).rstrip().endswith("assistant")
 
 
+def test_a_finished_episode_ends_with_eos_and_a_long_one_is_cut_and_marked(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    answer_ids = tokenizer("<think> x </think><answer> Paris </answer>", add_special_tokens=False).input_ids
+    trajectory = {
+        "answer": "Paris",
+        "prompt_messages": [{"role": "user", "content": "Q?"}],
+        "transcript": [
+            {"role": "model", "text": "<think> x </think><answer> Paris </answer>", "token_ids": answer_ids}
+        ],
+        "llm_calls": [{"logprobs": [-0.1] * len(answer_ids)}],
+    }
+    seq = token_sequences(trajectory, tokenizer)
+    # TRL counts a completion as finished when it holds EOS: the environment closes the episode (mask 0)
+    assert seq["completion_ids"] == [*answer_ids, tokenizer.eos_token_id]
+    assert seq["env_mask"] == [1] * len(answer_ids) + [0] and seq["truncated"] is False
+    cut = token_sequences(trajectory, tokenizer, max_completion_length=5)
+    assert cut["completion_ids"] == answer_ids[:5] and len(cut["env_mask"]) == len(cut["logprobs"]) == 5
+    assert cut["truncated"] is True and tokenizer.eos_token_id not in cut["completion_ids"]
+
+
 # --- GRPO runs ----------------------------------------------------------------------------------
 
 

@@ -1,18 +1,21 @@
 """Supervised warm start on gold trajectories (TRL ``SFTTrainer``), before GRPO.
 
-    python training/gold.py --mode parallel                       # runs/gold/parallel.jsonl
-    python training/run_sft.py --episodes runs/gold/parallel.jsonl --output_dir runs/sft-parallel
-    python training/run_sft.py --config training/configs/sft_parallel.yaml
+    python training/gold.py --mode parallel --topk 2 --per-source-class 40    # runs/gold/parallel.jsonl
+    python training/run_sft.py --config training/configs/sft_parallel.yaml   # runs/sft-parallel/final
+    python training/run_sft.py --episodes runs/gold/parallel.jsonl --output_dir runs/sft-parallel --lora_r 16
 
 Each episode is pre-tokenized exactly as an RL rollout (``training/gold.py``): ``input_ids`` is the prompt,
 then the model turns and observations in order; ``labels`` are −100 on the prompt and on every observation
 token, so the loss falls on the model's own turns only (TRL uses given ``labels`` as they are). Batches hold
-episodes of similar length (``train_sampling_strategy="group_by_length"``), so padding is small, and TRL's
-fused LM head projects only the trained positions. (Padding-free packing is there too, ``--packing true``,
-but on a CPU without flash attention it attends over the whole packed row and was slower here; see
-benchmarks/results/sft_speed.md.) LoRA on every linear layer (``--use_lora false`` for full fine-tuning). Every field of
-``SFTArguments`` and TRL's ``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint``
-continues a run. ``OUTPUT_DIR/final`` holds the adapter (with its tokenizer) when done.
+episodes of similar length (``train_sampling_strategy="group_by_length"``), so padding is small; there is no
+gradient checkpointing (TRL's default recomputes every forward; a 135M model fits without it), and the loss is
+the model's own cross-entropy (``--plain_loss false`` for TRL's fused LM head, which projects only the trained
+positions but was slower on this CPU). Padding-free packing (``--packing true``) needs flash attention to pay:
+with SDPA on a CPU it attends over the whole packed row. benchmarks/sft_speed.py measures these side by side.
+LoRA on every linear layer (``--use_lora false`` for full fine-tuning); bf16 autocast only where the CPU has
+native bf16. Every field of ``SFTArguments`` and TRL's ``SFTConfig`` is a flag or a key of the ``--config``
+YAML; ``--resume_from_checkpoint`` continues a run. ``OUTPUT_DIR/final`` holds the adapter, its weights in
+bfloat16, with the tokenizer.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ class SFTArguments:
     lora_dropout: float = 0.0
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     save_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the saved adapter (float32, bfloat16)"})
+    plain_loss: bool = field(
+        default=True,
+        metadata={"help": "the model's own cross-entropy instead of TRL's fused LM head (faster on CPUs, see docs)"},
+    )
 
 
 def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, list[int]]]:
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, TrlParser
+    from trl import SFTConfig, SFTTrainer, TrlParser
 
     from training.run_grpo import model_path
 
@@ -133,7 +140,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    trainer = _plain_loss_trainer()(
+    trainer_class = _plain_loss_trainer() if args.plain_loss else SFTTrainer
+    trainer = trainer_class(
         model=model,
         args=config,
         train_dataset=datasets.Dataset.from_list(rows),
@@ -159,9 +167,9 @@ def _plain_loss_trainer():
     from trl import SFTTrainer
 
     class PlainLossSFTTrainer(SFTTrainer):
-        """``SFTTrainer`` with the model's own cross-entropy. TRL's fused LM head (log-probs of the labelled
-        positions only) runs its backward in Python tiles where Triton is missing: on this CPU one step of
-        4 episodes took minutes instead of seconds (benchmarks/results/sft_speed.md)."""
+        """``SFTTrainer`` with the model's own cross-entropy over full logits. TRL's fused LM head projects
+        only the labelled positions, but in tiles whose backward has no Triton kernel on a CPU; here the
+        plain loss was faster (benchmarks/results/sft_speed.md)."""
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)

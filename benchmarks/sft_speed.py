@@ -1,0 +1,102 @@
+"""SFT throughput, side by side in one run: TRL's defaults against the settings run_sft.py uses.
+
+    python benchmarks/sft_speed.py [--episodes runs/gold/parallel.jsonl] [--steps 6]
+
+Each setting trains a fresh LoRA adapter on the same gold episodes (same order where the sampler allows) for
+``--steps`` optimizer steps of 4 episodes and reports episode tokens per second (prompt, observations and model
+turns, padding excluded) after one warm-up step. The settings add one change at a time:
+- ``trl-defaults``: r = 64, random batches, gradient checkpointing and TRL's fused LM head (its defaults);
+- ``+group_by_length``: batches of episodes of similar length, so little padding;
+- ``+no-checkpointing``: no recomputed forward (a 135M model fits in memory without it);
+- ``+plain-loss`` (run_sft.py): the model's own cross-entropy instead of the fused LM head;
+- ``r16``: run_sft.py's rank 16 (the shipped adapters).
+Results go to benchmarks/results/sft_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from transformers import TrainerCallback  # noqa: E402
+
+from training.run_sft import main as run_sft  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SETTINGS = {
+    "trl-defaults": ["--lora_r", "64", "--lora_alpha", "128", "--train_sampling_strategy", "random",
+                     "--gradient_checkpointing", "true", "--plain_loss", "false"],
+    "+group_by_length": ["--lora_r", "64", "--lora_alpha", "128", "--gradient_checkpointing", "true",
+                         "--plain_loss", "false"],
+    "+no-checkpointing": ["--lora_r", "64", "--lora_alpha", "128", "--plain_loss", "false"],
+    "+plain-loss": ["--lora_r", "64", "--lora_alpha", "128"],
+    "r16 (run_sft.py)": [],
+}  # fmt: skip
+
+
+class StepTimer(TrainerCallback):
+    """Wall time and episode tokens (``state.num_input_tokens_seen``, padding excluded) of each optimizer step."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, int]] = []
+        self._started, self._seen = 0.0, 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._started, self._seen = time.perf_counter(), state.num_input_tokens_seen
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append((time.perf_counter() - self._started, state.num_input_tokens_seen - self._seen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", default="runs/gold/parallel.jsonl")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "sft-speed")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    rows = []
+    for name, flags in SETTINGS.items():
+        timer = StepTimer()
+        run_sft(
+            ["--episodes", args.episodes, "--output_dir", str(args.run_dir / name.strip("+").split()[0]),
+             "--max_steps", str(args.steps + 1), "--save_strategy", "no", "--report_to", "none", "--seed", "0",
+             "--logging_steps", "1000", "--include_num_input_tokens_seen", "non_padding", *flags],
+            callbacks=[timer],
+        )  # fmt: skip
+        timed = timer.steps[1:]  # the first step warms up
+        seconds, tokens = sum(s for s, _ in timed), sum(t for _, t in timed)
+        rows.append({"setting": name, "flags": flags, "tokens_per_s": tokens / seconds,
+                     "seconds_per_step": seconds / len(timed), "tokens_per_step": tokens / len(timed)})  # fmt: skip
+        print(rows[-1], flush=True)
+    base = rows[0]["tokens_per_s"]
+    result = {"command": "python benchmarks/sft_speed.py " + " ".join(sys.argv[1:]), "episodes": args.episodes,
+              "steps": args.steps, "rows": rows}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sft_speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [
+        "# SFT throughput (SmolLM2-135M + LoRA, CPU, float32, batches of 4 gold episodes)",
+        "",
+        f"`{result['command']}` — {args.steps} timed steps per setting after one warm-up step, same episodes.",
+        "",
+        "| setting | episode tokens/s | × TRL defaults | s/step | tokens/step |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f} | "
+            f"{r['seconds_per_step']:.1f} | {r['tokens_per_step']:.0f} |"
+        )
+    (args.out / "sft_speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
