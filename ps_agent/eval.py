@@ -152,7 +152,9 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     problems: list[str] = []
 
     async def run_all() -> None:
-        with Progress() as progress:
+        # no stdout/stderr redirection: under Jupyter, a model's loading bar (tqdm, in a worker thread) written
+        # through rich's redirect deadlocked the kernel
+        with Progress(redirect_stdout=False, redirect_stderr=False) as progress:
             for path in data:
                 await _evaluate_file(Path(path), settings, out_dir, progress, problems)
 

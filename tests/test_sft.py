@@ -91,10 +91,8 @@ def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_mod
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_the_shipped_adapters_configs_parse(mode):
-    from trl import SFTConfig, TrlParser
-
-    from training.run_sft import SFTArguments
+    from training.run_sft import parse
 
     config = Path(__file__).resolve().parents[1] / "training" / "configs" / f"sft_{mode}.yaml"
-    args, sft = TrlParser((SFTArguments, SFTConfig)).parse_args_and_config(["--config", str(config)])[:2]
+    args, sft = parse(["--config", str(config)])
     assert args.episodes == f"runs/gold/{mode}.jsonl" and args.lora_r == 16 and sft.max_length == 896

@@ -102,14 +102,9 @@ def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, 
     return rows
 
 
-def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
-    """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
-    import datasets
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer, TrlParser
-
-    from training.run_grpo import model_path
+def parse(argv: list[str] | None = None):
+    """``(SFTArguments, SFTConfig)`` from flags and ``--config``, over this script's CPU defaults."""
+    from trl import SFTConfig, TrlParser
 
     parser = TrlParser((SFTArguments, SFTConfig))
     # bf16 by default only where the CPU computes it natively (AMX / AVX512-BF16): elsewhere autocast falls
@@ -117,6 +112,19 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     # derives its mixed-precision state when it is built.
     parser.set_defaults(**DEFAULTS, bf16=resolve_dtype("auto", "cpu") == "bfloat16")
     args, config = parser.parse_args_and_config(args=argv)[:2]
+    return args, config
+
+
+def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
+    """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    from training.run_grpo import model_path
+
+    args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logger.info("training in %s", "bfloat16 autocast" if config.bf16 else "float32")
 
@@ -171,7 +179,7 @@ def _plain_loss_trainer():
     class PlainLossSFTTrainer(SFTTrainer):
         """``SFTTrainer`` with the model's own cross-entropy over full logits. TRL's fused LM head projects
         only the labelled positions, but in tiles whose backward has no Triton kernel on a CPU; here the
-        plain loss was faster (benchmarks/results/sft_speed.md)."""
+        plain loss was ~25% faster in unsaved development runs (benchmarks/sft_speed.py measures it)."""
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
