@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+import click
+import httpx
 import typer
 from rich.console import Console
 from rich.panel import Panel
@@ -15,11 +20,31 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from ps_agent.graph import AgentError
 from ps_agent.protocol import parse_action
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)  # paths in messages stay whole
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Untrusted text (a question, model output, a title) as printed: no rich markup, and control
+    characters (ESC, …) and lone surrogates shown as escapes instead of reaching the terminal."""
+    return Text(_UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], str(text)), style=style)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """The CLI's one error path: a bad argument, file, spec or unreachable service is one line and exit 2."""
+    try:
+        yield
+    except (ValueError, TypeError, OSError, AgentError, httpx.HTTPError) as exc:
+        errors.print(Text.assemble(("error: ", "red"), plain(exc)))
+        raise typer.Exit(2) from exc
+
 
 LLM_HELP = (
     "LLM spec: smollm2 (the trained policy of the mode), smollm2-base (untrained), hf:PATH (model or adapter), "
@@ -45,11 +70,15 @@ def ask(
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
     mode: Annotated[
-        str, typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1).")
+        Literal["parallel", "sequential"],
+        typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1)."),
     ] = "parallel",
-    protocol: Annotated[str, typer.Option(help="tags (text protocol) or tools (native tool calling).")] = "tags",
+    protocol: Annotated[
+        Literal["tags", "tools"], typer.Option(help="tags (text protocol) or tools (native tool calling).")
+    ] = "tags",
     max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
     topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn (passed to every kind of model).")] = 256,
     demonstration: Annotated[
         bool, typer.Option(help="Put a one-shot demonstration before the prompt (helps small untrained models).")
     ] = False,
@@ -58,7 +87,7 @@ def ask(
     """Answer QUESTION and show the trace: each turn, its parallel sub-queries and what they found."""
     from ps_agent.agent import ParallelSearchAgent
 
-    try:
+    with user_errors():
         agent = ParallelSearchAgent(
             llm=llm,
             retriever=corpus,
@@ -66,12 +95,10 @@ def ask(
             protocol=protocol,
             max_turns=max_turns,
             topk=topk,
+            max_new_tokens=max_new_tokens,
             demonstration=demonstration,
         )
         result = agent.invoke({"question": question})
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(result, ensure_ascii=False, indent=2))
         return
@@ -81,32 +108,35 @@ def ask(
 def print_trace(result: dict[str, Any]) -> None:
     """A readable trace: turns, search rounds as trees of parallel branches, the answer and stats."""
     trajectory, stats = result["trajectory"], result["stats"]
-    console.print(Panel(trajectory["question"], title="question", expand=False))
+    console.print(Panel(plain(trajectory["question"]), title="question", expand=False))
     rounds = iter(trajectory["search_rounds"])
     for call in trajectory["llm_calls"]:
         action = parse_action(call["completion"], trajectory["mode"])  # type: ignore[arg-type]
-        header = f"turn {call['turn']} · {call['action']} · {call['latency_s']:.1f} s"
+        header = Text(f"turn {call['turn']} · {call['action']} · {call['latency_s']:.1f} s  ", style="dim")
         if action.think:
-            console.print(f"[dim]{header}[/dim]  [italic]{action.think}[/italic]")
+            console.print(header + plain(action.think, "italic"))
         else:
-            console.print(f"[dim]{header}[/dim]  {Text(call['completion'].strip()[:300])}")
+            console.print(header + plain(call["completion"].strip()[:300]))
         if call["action"] == "invalid":
-            console.print(f"  [yellow]invalid action:[/yellow] {call['error']}")
+            console.print(Text("  invalid action: ", style="yellow") + plain(call["error"]))
         if call["action"] == "search":
             record = next(rounds, None)
             if record is None:
                 continue
-            tree = Tree(f"[bold]search round {record['round']}[/bold] · {len(record['searched'])} in parallel")
+            tree = Tree(
+                Text(f"search round {record['round']}", style="bold") + f" · {len(record['searched'])} in parallel"
+            )
             for res in record["results"]:
-                branch = tree.add(f"[cyan]{res['sub_query']}[/cyan] [dim]({res['latency_s'] * 1000:.0f} ms)[/dim]")
+                label = plain(res["sub_query"], "cyan") + Text(f" ({res['latency_s'] * 1000:.0f} ms)", "dim")
+                branch = tree.add(label)
                 if res["error"]:
-                    branch.add(f"[red]failed: {res['error']}[/red]")
+                    branch.add(Text("failed: ", style="red") + plain(res["error"], "red"))
                 for passage in res["passages"]:
-                    branch.add(passage["title"])
+                    branch.add(plain(passage["title"]))
             if record["capped_from"]:
-                tree.add(f"[yellow]capped: {record['capped_from']} sub-queries asked[/yellow]")
+                tree.add(Text(f"capped: {record['capped_from']} sub-queries asked", style="yellow"))
             console.print(tree)
-    console.print(Panel(Text(result["answer"] or "(no answer)"), title="answer", expand=False, border_style="green"))
+    console.print(Panel(plain(result["answer"] or "(no answer)"), title="answer", expand=False, border_style="green"))
     console.print(
         f"[dim]{stats['llm_calls']} LLM calls · {stats['search_rounds']} search rounds · "
         f"{stats['sub_queries']} sub-queries · decomposed={stats['decomposed']} · "
@@ -131,7 +161,9 @@ def eval_command(
         str,
         typer.Option(help=LLM_HELP),
     ] = "smollm2",
-    mode: Annotated[str, typer.Option(help="parallel, sequential or both.")] = "both",
+    mode: Annotated[
+        Literal["parallel", "sequential", "both"], typer.Option(help="parallel, sequential or both.")
+    ] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
     max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
@@ -141,37 +173,36 @@ def eval_command(
     strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
 ) -> None:
     """Run the agent over question files (resumable) and write the paper's tables and plots."""
-    from ps_agent.eval import EvalSettings, evaluate
+    from ps_agent.eval import EvalFailed, EvalSettings, evaluate
 
     if index is not None and retriever_url is not None:
-        errors.print("[red]error:[/red] give --index or --retriever-url, not both")
-        raise typer.Exit(2)
+        raise click.UsageError("give --index or --retriever-url, not both")
     if index is not None:
-        try:
+        with user_errors():
             from ps_agent.retrieval import index_retriever
 
             index_retriever(str(index.resolve()))  # refuse a mismatched folder before any question runs
-        except ValueError as exc:
-            errors.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from exc
-    if mode not in ("parallel", "sequential", "both"):
-        errors.print(f"[red]error:[/red] --mode must be parallel, sequential or both, got {mode!r}")
-        raise typer.Exit(2)
-    settings = EvalSettings(
-        llm=llm,
-        retriever=str(index.resolve()) if index else retriever_url or corpus,
-        modes=("parallel", "sequential") if mode == "both" else (mode,),
-        concurrency=concurrency,
-        limit=limit,
-        strict=strict,
-        agent={"max_turns": max_turns, "topk": topk, "max_new_tokens": max_new_tokens, "demonstration": demonstration},
-    )
-    try:
-        evaluate(data, out, settings)
-    except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    console.print((out / "report.md").read_text())
+    with user_errors():
+        settings = EvalSettings(
+            llm=llm,
+            retriever=str(index.resolve()) if index else retriever_url or corpus,
+            modes=("parallel", "sequential") if mode == "both" else (mode,),
+            concurrency=concurrency,
+            limit=limit,
+            strict=strict,
+            agent={
+                "max_turns": max_turns,
+                "topk": topk,
+                "max_new_tokens": max_new_tokens,
+                "demonstration": demonstration,
+            },
+        )
+        try:
+            evaluate(data, out, settings)
+        except EvalFailed:  # every question failed: the report says why, then the one error line
+            console.print(plain((out / "report.md").read_text()))
+            raise
+    console.print(plain((out / "report.md").read_text()))
 
 
 @app.command()
@@ -184,11 +215,8 @@ def synth(
     """Generate a synthetic multi-hop world whose questions scale in width and depth."""
     from ps_agent.synthetic import generate
 
-    try:
+    with user_errors():
         corpus, questions = generate(seed, entities, out, per_family)
-    except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
     console.print(f"wrote {corpus} and {questions}")
 
 
@@ -221,11 +249,8 @@ def serve_retriever(
     from ps_agent.retrieval.index import load_index
     from ps_agent.retrieval.server import ServerLimits, create_app
 
-    try:
+    with user_errors():
         retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
-    except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
     limits = ServerLimits(max_wait_ms=max_wait_ms, max_batch=max_batch, micro_batching=micro_batching)
     uvicorn.run(create_app(retriever, limits), host=host, port=port, log_level="warning")
 
@@ -257,7 +282,7 @@ def build_index_command(
     """Build a retrieval index folder: passage store, sharded embeddings, FAISS/BM25 indexes, manifest."""
     from ps_agent.retrieval.index import build_index
 
-    try:
+    with user_errors():
         manifest = build_index(
             corpus,
             out,
@@ -269,9 +294,6 @@ def build_index_command(
             shard_size=shard_size,
             progress=True,
         )
-    except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
     console.print(f"built {', '.join(manifest['index_types'])} over {manifest['count']} passages in {out}")
 
 
@@ -280,11 +302,8 @@ def index_info(folder: Annotated[Path, typer.Argument(help="An index folder.")])
     """Print an index folder's manifest."""
     from ps_agent.retrieval.index import read_manifest
 
-    try:
+    with user_errors():
         console.print_json(json.dumps(read_manifest(folder)))
-    except ValueError as exc:
-        errors.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
 
 
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")
@@ -301,8 +320,7 @@ def show_trajectories(
     from ps_agent.trajectories import read_trajectories, summarise
 
     if not run_dir.is_dir():
-        errors.print(f"[red]error:[/red] not a folder: {run_dir} (expected a training run's output folder)")
-        raise typer.Exit(2)
+        raise click.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
     records = read_trajectories(run_dir)
     summary = summarise(records)
     if as_json:

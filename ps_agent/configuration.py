@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -10,6 +11,7 @@ from langchain_core.runnables import RunnableConfig
 from ps_agent.protocol import Mode
 
 Protocol = Literal["tags", "tools"]
+MAX_TOPK = 50  # one observation is topk passages per sub-query: beyond this it floods the model's context
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,17 @@ class AgentConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.search_timeout_s <= 0 or self.search_retries < 0 or self.search_backoff_s < 0:
-            raise ValueError("search_timeout_s must be > 0, search_retries and search_backoff_s >= 0")
+        if self.topk > MAX_TOPK:
+            raise ValueError(
+                f"topk must be at most {MAX_TOPK} (passages per sub-query the model reads), got {self.topk}"
+            )
+        if not (math.isfinite(self.search_timeout_s) and self.search_timeout_s > 0):
+            raise ValueError(f"search_timeout_s must be a finite number of seconds > 0, got {self.search_timeout_s!r}")
+        if not (math.isfinite(self.search_backoff_s) and self.search_backoff_s >= 0) or self.search_retries < 0:
+            raise ValueError(
+                f"search_retries and search_backoff_s must be finite and >= 0, got {self.search_retries!r} "
+                f"and {self.search_backoff_s!r}"
+            )
 
     def with_overrides(self, config: RunnableConfig | None) -> AgentConfig:
         """This config with the known keys of ``config["configurable"]`` applied."""

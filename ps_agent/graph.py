@@ -12,8 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, get_buffer_string
 from langchain_core.runnables import RunnableConfig, RunnableLambda
@@ -22,7 +21,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send
 
 from ps_agent.configuration import AgentConfig
-from ps_agent.llms import Completion, resolve_chat_model, resolve_text_policy
+from ps_agent.llms import Completion, resolve_chat_model, resolve_text_policy, token_cap
 from ps_agent.protocol import (
     FORCED_ANSWER_PROMPT,
     INVALID_ACTION_MESSAGE,
@@ -38,6 +37,7 @@ from ps_agent.protocol import (
     render_prompt,
 )
 from ps_agent.retrieval import resilient_search, resolve_retriever
+from ps_agent.runner import run_sync
 from ps_agent.state import (
     AgentState,
     InputState,
@@ -79,21 +79,8 @@ class AgentError(RuntimeError):
         self.stats = stats
 
 
-T = TypeVar("T")
-
-
-def run_sync(coroutine: Awaitable[T]) -> T:
-    """Run a coroutine from sync code, also where this thread already runs an event loop (Jupyter)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
 def _node(afunc: Callable[..., Awaitable[dict[str, Any]]]) -> RunnableLambda:
-    """An async node that also runs under the graph's sync ``invoke``/``stream``."""
+    """An async node that also runs under the graph's sync ``invoke``/``stream`` (on the shared loop)."""
 
     def func(state: Any, config: RunnableConfig) -> dict[str, Any]:
         return run_sync(afunc(state, config))
@@ -127,6 +114,13 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
         question = state.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question is empty: expected a non-empty string, got {question!r}")
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"question is not valid text: {exc.object[exc.start : exc.end]!a} at character {exc.start} "
+                "(a lone surrogate, e.g. undecodable bytes); expected UTF-8 text"
+            ) from None
         question = question.strip()
         truncated = len(question) > cfg.max_question_chars
         if truncated:
@@ -194,7 +188,7 @@ def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | No
         messages = list(state["messages"])
         new = [HumanMessage(TOOLS_FORCED_MESSAGE)] if forced else []
         runnable = model if forced else model.bind_tools([SEARCH_TOOL])
-        reply: AIMessage = await runnable.ainvoke(messages + new)
+        reply: AIMessage = await runnable.ainvoke(messages + new, **token_cap(model, cfg.max_new_tokens))
         new.append(reply)
         usage = reply.usage_metadata or {}
         completion = Completion(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
-from langchain_core.language_models import BaseChatModel, BaseLLM
+from langchain_core.language_models import BaseChatModel, BaseLanguageModel, BaseLLM
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from ps_agent.protocol import ChatPrompt, close_action
@@ -362,6 +362,12 @@ class OpenAICompletionsPolicy:
 # --- any LangChain model -----------------------------------------------------------------------
 
 
+def token_cap(model: BaseLanguageModel, max_tokens: int) -> dict[str, int]:
+    """``max_tokens`` as a call keyword, for models with LangChain's standard ``max_tokens`` parameter (the
+    OpenAI, Anthropic, vLLM, … integrations); a model without it is called as it is."""
+    return {"max_tokens": max_tokens} if "max_tokens" in type(model).model_fields else {}
+
+
 class LangChainLLMPolicy:
     """Any LangChain ``BaseLLM``: the prompt and response as one plain string."""
 
@@ -372,7 +378,7 @@ class LangChainLLMPolicy:
         self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
         prompt_text = _plain_text(prompt, transcript)
-        result = await self.llm.agenerate([prompt_text], stop=list(stop))
+        result = await self.llm.agenerate([prompt_text], stop=list(stop), **token_cap(self.llm, max_tokens))
         generation = result.generations[0][0]
         usage = (result.llm_output or {}).get("token_usage", {})
         return Completion(
@@ -406,7 +412,8 @@ class LangChainChatPolicy:
     async def acomplete(
         self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
-        message = await self.model.ainvoke(transcript_messages(prompt, transcript), stop=list(stop))
+        messages = transcript_messages(prompt, transcript)
+        message = await self.model.ainvoke(messages, stop=list(stop), **token_cap(self.model, max_tokens))
         usage = message.usage_metadata or {}
         return Completion(
             text=close_action(message.text),
@@ -427,6 +434,11 @@ def _init_chat_model(spec: str) -> BaseChatModel:
         return init_chat_model(spec)
     except (ImportError, ValueError) as exc:
         raise LLMSpecError(f"cannot resolve LLM spec {spec!r}: {exc}. Expected {SPEC_FORMS}") from exc
+    except Exception as exc:  # a provider's client refusing to start, e.g. openai.OpenAIError for a missing key
+        raise LLMSpecError(
+            f"cannot start the chat model {spec!r}: {type(exc).__name__}: {exc} "
+            "(is the provider's API key set in its environment variable, e.g. OPENAI_API_KEY?)"
+        ) from exc
 
 
 def _vllm_url(spec: str) -> str:
@@ -530,7 +542,13 @@ def resolve_chat_model(llm: Any) -> BaseChatModel:
         from langchain_openai import ChatOpenAI
 
         url = _vllm_url(llm)
-        model = httpx.get(f"{url.rstrip('/')}/models", timeout=30).raise_for_status().json()["data"][0]["id"]
+        try:
+            model = httpx.get(f"{url.rstrip('/')}/models", timeout=30).raise_for_status().json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise LLMSpecError(
+                f"cannot reach the vLLM server of {llm!r}: {type(exc).__name__}: {exc} "
+                "(expected an OpenAI-compatible server serving a model at that URL; is it running?)"
+            ) from exc
         return ChatOpenAI(base_url=url, api_key="EMPTY", model=model, temperature=0)
     if isinstance(llm, str) and ":" in llm and not llm.startswith("hf:"):
         return _init_chat_model(llm)

@@ -246,6 +246,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
 
 def generate(seed: int, entities: int, out: str | Path, per_family: int = 3) -> tuple[Path, Path]:
     """Write ``corpus.jsonl`` and ``questions.jsonl`` for a seed: same seed and sizes, same bytes."""
+    if not isinstance(per_family, int) or per_family < 1:
+        raise ValueError(f"per_family must be at least 1 (questions per family setting), got {per_family!r}")
     world = World(seed, entities)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

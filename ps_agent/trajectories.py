@@ -36,12 +36,26 @@ def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The JSON lines of ``paths`` in order; a torn line (a crash mid-write) is skipped with a warning."""
     records = []
     for path in paths:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_bytes().splitlines():  # line by line: a line torn mid-character spoils only itself
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 logger.warning("skipping a torn line in %s", path)
     return records
+
+
+def forget_steps_from(run_dir: str | Path, step: int) -> int:
+    """Drop the logged rollouts of ``step`` and later, which a run resumed from ``step``'s checkpoint redoes
+    (and torn lines); each log is rewritten whole. Returns how many rollouts were dropped."""
+    dropped = 0
+    for path in sorted(Path(run_dir).glob("trajectories*.jsonl")):
+        records = read_records([path])
+        kept = [r for r in records if r["step"] < step]
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
+        os.replace(partial, path)
+        dropped += len(records) - len(kept)
+    return dropped
 
 
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import threading
 
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -56,3 +59,62 @@ def tool_calls(*queries: str) -> AIMessage:
             for i, q in enumerate(queries)
         ],
     )
+
+
+class OpenAIChatDouble:
+    """Test double: an OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1 (a thread).
+
+    It plays a two-turn agent: a search first (two parallel tool calls, or ``<search>a ## b</search>`` in
+    the tags protocol), then an answer once the conversation holds its own earlier turn. Every request body is
+    kept in ``requests``. Use as a context manager; ``base_url`` is the ``.../v1`` to give a client.
+    """
+
+    def __init__(self, answer: str = "Paris") -> None:
+        self.answer = answer
+        self.requests: list[dict] = []
+        double = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                double.requests.append(body)
+                payload = json.dumps(double.reply(body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def reply(self, body: dict) -> dict:
+        messages = body["messages"]
+        observed = any(m["role"] in ("assistant", "tool") for m in messages)  # it has searched already
+        message: dict = {"role": "assistant", "content": None}
+        if observed:
+            message["content"] = f"<answer>{self.answer}</answer>" if "tools" not in body else self.answer
+        elif "tools" in body:
+            calls = [{"name": "search", "arguments": json.dumps({"query": q})} for q in ("capital of France", "Rome")]
+            message["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": f} for i, f in enumerate(calls)]
+        else:
+            message["content"] = "<search>capital of France ## capital of Italy</search>"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if "tool_calls" in message else "stop"}
+        return {"id": "double", "object": "chat.completion", "created": 0, "model": body["model"]} | {
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    def __enter__(self) -> OpenAIChatDouble:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -39,3 +39,47 @@ def test_bad_input_exits_2_with_a_message(tmp_path):
     assert "error:" in result.stderr and "question is empty" in result.stderr
     result = run("ask", "Q?", "--llm", "gpt")
     assert result.returncode == 2 and "unknown LLM spec" in result.stderr
+
+
+def test_ask_prints_untrusted_text_as_text(monkeypatch, tmp_path):
+    """Rich markup and terminal escapes in a question, model text or titles are shown, not interpreted."""
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+    from tests.doubles import OpenAIChatDouble
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "1", "contents": '"[/b] Paris [red]"\nThe capital of France.'}) + "\n")
+    with OpenAIChatDouble(answer="Paris [citation needed] [/b] \x1b[2J") as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "double")
+        result = CliRunner().invoke(
+            app, ["ask", "Capital [/i] of France?", "--llm", "openai:x", "--corpus", str(corpus)]
+        )
+    assert result.exit_code == 0, result.output
+    assert "Capital [/i] of France?" in result.output and "[/b] Paris [red]" in result.output
+    assert "Paris [citation needed] [/b] \\x1b[2J" in result.output and "\x1b" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--llm", "openai:gpt-4o-mini", "--protocol", "tools"], "is the provider's API key set"),
+        (["--llm", "vllm:http://127.0.0.1:9/v1", "--protocol", "tools"], "cannot reach the vLLM server"),
+        (["--llm", "vllm:http://127.0.0.1:9/v1"], "LLM call failed on turn 1: ConnectError"),
+        (["--topk", "100000"], "topk must be at most 50"),
+        (["--mode", "fast"], "'fast' is not one of"),
+    ],
+)
+def test_service_and_setting_errors_are_one_line(monkeypatch, tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "1", "contents": '"Paris"\nThe capital of France.'}) + "\n")
+    result = CliRunner().invoke(app, ["ask", "Capital of France?", "--corpus", str(corpus), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) <= 6  # one message (typer boxes usage errors in a few lines)

@@ -195,6 +195,70 @@ def test_bad_config_is_refused():
         ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=42).invoke({"question": "Q?"})
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"topk": 1000}, "topk must be at most 50"),
+        ({"search_timeout_s": float("nan")}, "search_timeout_s must be a finite number"),
+        ({"search_timeout_s": float("inf")}, "search_timeout_s must be a finite number"),
+        ({"search_backoff_s": float("nan")}, "search_backoff_s must be finite"),
+    ],
+)
+def test_unbounded_settings_are_refused(setting, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelSearchAgent(**setting)
+
+
+def test_a_question_that_is_not_text_is_a_value_error():
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    with pytest.raises(
+        ValueError, match=r"question is not valid text: '.+udcff.+udcfe' at character 3 .*expected UTF-8 text"
+    ):
+        agent.invoke({"question": "caf\udcff\udcfe?"})  # what Python makes of non-UTF-8 bytes in argv
+
+
+class MalformedRetriever:
+    """Test double: answers with the given malformed value."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    async def asearch(self, queries, k):
+        return self.value
+
+
+@pytest.mark.parametrize("value", [[[None]], None, [], [["a passage as text"]], "text", [[{"id": 1}]]])
+def test_malformed_retriever_answers_are_failed_searches(value):
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER), retriever=MalformedRetriever(value), search_retries=0
+    )
+    out = agent.invoke({"question": "Q?"})
+    error = out["trajectory"]["search_rounds"][0]["results"][0]["error"]
+    assert error.startswith("TypeError: retriever returned") and "expected a list of" in error
+    assert out["answer"] == "Paris"
+
+
+class BlockingRetriever(SleepyRetriever):
+    """Test double: query ``block`` blocks the event loop (sync sleep in async code); others are healthy."""
+
+    async def asearch(self, queries, k):
+        if queries == ["block"]:
+            time.sleep(0.5)
+        return await super().asearch(queries, k)
+
+
+def test_a_blocking_retriever_does_not_get_healthy_searches_blamed():
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a ## b ## block ## c </search>", ANSWER),
+        retriever=BlockingRetriever(delay_s=0.01),
+        search_timeout_s=0.2,
+        search_retries=0,
+    )
+    out = agent.invoke({"question": "Q?"})
+    errors = {r["sub_query"]: r["error"] for r in out["trajectory"]["search_rounds"][0]["results"]}
+    assert [errors[q] for q in "abc"] == [None, None, None]  # their results were in when the loop came back
+
+
 def test_missing_corpus_file_says_what_was_expected(tmp_path):
     agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=str(tmp_path / "nope.jsonl"))
     with pytest.raises(ValueError, match=r"corpus file not found.*expected a jsonl file"):

@@ -27,6 +27,9 @@ def test_same_seed_same_bytes(tmp_path):
 def test_too_small_a_world_is_refused(tmp_path):
     with pytest.raises(ValueError, match="entities must be at least 40"):
         generate(0, 10, tmp_path)
+    with pytest.raises(ValueError, match="per_family must be at least 1"):
+        generate(0, 80, tmp_path, per_family=0)
+    assert not (tmp_path / "questions.jsonl").exists()
 
 
 def test_every_family_and_size_is_present(world):

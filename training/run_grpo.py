@@ -11,6 +11,7 @@ the YAML file given with ``--config``.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections import Counter
@@ -21,6 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.rewards import QUESTION_CLASSES, RewardWeights, always_decompose_optimal, question_class
+from ps_agent.trajectories import forget_steps_from
 from training.data import load_questions, to_dataset
 from training.rollout import AgentRollout, RolloutSettings, reward_functions
 
@@ -120,6 +122,7 @@ def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
     from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer, TrlParser
 
     parser = TrlParser((ParallelSearchArguments, GRPOConfig))
@@ -163,6 +166,18 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         rollout_func=AgentRollout(settings, rows, config.output_dir),
         callbacks=callbacks,
     )
+    if config.resume_from_checkpoint:
+        checkpoint = Path(config.resume_from_checkpoint)
+        if config.resume_from_checkpoint in ("True", "true", True):
+            checkpoint = Path(get_last_checkpoint(config.output_dir) or config.output_dir)
+        if not (checkpoint / "trainer_state.json").is_file():
+            raise SystemExit(
+                f"--resume_from_checkpoint {config.resume_from_checkpoint}: {checkpoint} holds no trainer_state.json "
+                "(expected a checkpoint folder such as OUTPUT_DIR/checkpoint-10)"
+            )
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        dropped = forget_steps_from(config.output_dir, step)
+        logger.info("resuming at step %d: %d logged rollouts of steps >= %d are redone", step, dropped, step)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     final = Path(config.output_dir) / "final"
     trainer.save_model(str(final))

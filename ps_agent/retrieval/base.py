@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from asyncio_throttle import Throttler
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,23 @@ class SearchOutcome:
 
 
 class SearchFailed(RuntimeError):
-    """A retriever call that may succeed when tried again (timeouts and backend errors)."""
+    """A failed retriever call; a ``transient`` one (a timeout, a backend error) may succeed when tried again,
+    one the backend refused (``exc.transient = False``, e.g. a 422 from the retrieval server) will not."""
+
+    def __init__(self, message: str, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _checked(results: object, k: int) -> list[Passage]:
+    """The passages of a one-query search, or a ``TypeError`` saying how the retriever's answer is malformed."""
+    if not isinstance(results, Sequence) or isinstance(results, str) or len(results) != 1:
+        shape = f"{len(results)} result lists" if isinstance(results, Sequence) else type(results).__name__
+        raise TypeError(f"retriever returned {shape} for 1 query: expected a list of one list of Passage")
+    passages = results[0]
+    if not isinstance(passages, Sequence) or not all(isinstance(p, Passage) for p in passages):
+        raise TypeError(f"retriever returned {passages!r:.120} for the query: expected a list of Passage")
+    return list(passages)[:k]
 
 
 _throttlers: dict[tuple[int, int], Throttler] = {}
@@ -93,21 +109,29 @@ async def resilient_search(
         if throttler is not None:
             await throttler.acquire()
         try:
-            async with asyncio.timeout(timeout_s):
-                results = await retriever.asearch([query], k)
-        except TimeoutError as exc:
-            raise SearchFailed(f"timed out after {timeout_s:g} s") from exc
+            search = asyncio.ensure_future(retriever.asearch([query], k))
+        except Exception as exc:  # asearch is not a coroutine function, or raised before its first await
+            raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
+        try:
+            # asyncio.wait, not asyncio.timeout: a search whose result is in when the timer fires is kept,
+            # so a retriever that blocks the event loop does not get the healthy searches beside it blamed
+            await asyncio.wait([search], timeout=timeout_s)
+        except asyncio.CancelledError:
+            search.cancel()
+            raise
+        if not search.done():
+            search.cancel()
+            raise SearchFailed(f"timed out after {timeout_s:g} s")
+        try:
+            return _checked(search.result(), k)
         except Exception as exc:  # any backend fault is retried, then reported to the model
-            raise SearchFailed(f"{type(exc).__name__}: {exc}") from exc
-        if len(results) != 1:
-            raise SearchFailed(f"retriever returned {len(results)} result lists for 1 query")
-        return list(results[0])[:k]
+            raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
 
     try:
         async for attempt_state in AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
             wait=wait_exponential(multiplier=backoff_s, min=backoff_s, max=max(backoff_s, 5.0)),
-            retry=retry_if_exception_type(SearchFailed),
+            retry=retry_if_exception(lambda exc: isinstance(exc, SearchFailed) and exc.transient),
             reraise=True,
         ):
             with attempt_state:

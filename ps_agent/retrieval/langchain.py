@@ -11,6 +11,7 @@ from langchain_core.vectorstores import VectorStore
 
 from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.corpus import passage_id
+from ps_agent.runner import run_sync
 
 
 def document_to_passage(doc: Document, score: float | None = None) -> Passage:
@@ -56,8 +57,6 @@ class PassageRetriever(BaseRetriever):
     k: int = 3
 
     def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:
-        from ps_agent.graph import run_sync
-
         return run_sync(self._aget_relevant_documents(query, run_manager=run_manager))
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:

@@ -1,0 +1,68 @@
+"""``run_sync``: run a coroutine from sync code on one long-lived event loop.
+
+Every sync entry point (``agent.invoke``/``stream``, the CLI, eval, LangChain's sync retriever API) runs
+its coroutines on the same loop, kept in a daemon thread. Clients that bind to the loop they were
+first used on (a LangChain chat model's HTTP client, the retrieval client's connection pool) then live
+across calls, instead of dying with a per-call ``asyncio.run`` ("Event loop is closed" on the second
+turn, and a few leaked sockets per question).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The event loop that sync calls run on, started on first use."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="ps-agent-event-loop", daemon=True).start()
+        return _loop
+
+
+def _forget_loop() -> None:  # a forked child has the loop object but not its thread
+    global _loop
+    _loop = None
+
+
+os.register_at_fork(after_in_child=_forget_loop)
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` on the shared loop and wait for its result (also from Jupyter's running loop).
+
+    The caller's context variables (LangChain callbacks and tracing) go with it; interrupting the
+    wait (Ctrl-C) cancels the coroutine.
+    """
+    loop = shared_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # a sync API called from a coroutine on the shared loop: waiting here would deadlock it
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, coroutine).result()
+    context = contextvars.copy_context()
+
+    async def in_callers_context() -> T:
+        return await asyncio.get_running_loop().create_task(coroutine, context=context)
+
+    future = asyncio.run_coroutine_threadsafe(in_callers_context(), loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
