@@ -1,7 +1,9 @@
 """The retrieval server, started for real on 127.0.0.1, exercised with Search-R1's JSON and with the client."""
 
 import asyncio
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -9,10 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
 from ps_agent import ParallelSearchAgent
-from ps_agent.retrieval.http import HTTPRetriever
+from ps_agent.retrieval.base import Passage
+from ps_agent.retrieval.http import HTTPRetriever, RetrievalRejected
 from ps_agent.retrieval.index import build_index
+from ps_agent.retrieval.server import ServerLimits, create_app
 from tests.conftest import free_port, wait_for_http
 from tests.doubles import scripted_llm
 from tests.test_retrieval import DOCS
@@ -76,6 +81,10 @@ def test_search_r1_json(server):
         ({"queries": ["q"], "topk": 1000}, "topk 1000 out of bounds"),
         ({"queries": ["x" * 3000], "topk": 1}, "at most 2000"),
         ({"queries": ["  "], "topk": 1}, "query 0 is empty"),
+        ({"queries": ["q"], "topk": "3"}, "valid integer"),
+        ({"queries": ["q"], "topk": True}, "valid integer"),
+        ({"queries": ["q"], "return_scores": "yes"}, "valid boolean"),
+        ({"queries": [3]}, "valid string"),
     ],
 )
 def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(server, body, message):
@@ -83,6 +92,23 @@ def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(serv
     assert 400 <= response.status_code < 500 and message in response.text
     assert httpx.post(f"{server}/retrieve", content=b"{not json").status_code == 422
     assert httpx.post(f"{server}/retrieve", json={"queries": ["Big Ben"], "topk": 1}).status_code == 200
+
+
+POISON = b'{"queries": ["Big Ben \\ud800"], "topk": 1}'  # a lone surrogate: a str no tokenizer takes
+
+
+def test_a_query_that_is_not_unicode_gets_a_422_and_the_client_is_told_not_to_retry(server):
+    response = httpx.post(f"{server}/retrieve", content=POISON, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"] == (
+        "Value error, query 0 holds '\\ud800' at character 8 (surrogates not allowed): expected text encodable as UTF-8"
+    )
+    client = HTTPRetriever(server)
+    with pytest.raises(RetrievalRejected, match=r"422: body\.queries: Value error, query 0 holds"):
+        asyncio.run(client.asearch(["Big Ben \ud800"], 1))
+    with pytest.raises(RetrievalRejected, match=r"topk 1000 out of bounds: expected 1\.\.100"):
+        asyncio.run(client.asearch(["Big Ben"], 1000))
+    assert RetrievalRejected.transient is False
 
 
 def test_concurrent_requests_are_micro_batched(server):
@@ -126,6 +152,70 @@ def test_a_client_that_disconnects_mid_batch_breaks_nothing(server):
     assert asyncio.run(HTTPRetriever(server).asearch(["clock London"], 1))[0][0].title == "Big Ben"
 
 
+def test_the_client_closes_its_connections_when_its_loop_ends_or_on_aclose(server):
+    retriever = HTTPRetriever(server)
+
+    def open_fds_after(searches: int) -> int:
+        for _ in range(searches):  # a new event loop each time, as per-call asyncio.run does
+            assert asyncio.run(retriever.asearch(["Big Ben"], 1))[0][0].title == "Big Ben"
+        return len(os.listdir("/proc/self/fd"))
+
+    after_5 = open_fds_after(5)
+    assert open_fds_after(40) <= after_5 + 2, "sockets leak with each event loop"
+
+    async def scoped() -> tuple[int, int]:
+        before = len(os.listdir("/proc/self/fd"))
+        async with HTTPRetriever(server) as scoped_retriever:
+            await scoped_retriever.asearch(["Big Ben"], 1)
+        return before, len(os.listdir("/proc/self/fd"))
+
+    before, after = asyncio.run(scoped())
+    assert after == before
+
+
+class FailsOnBoom:
+    """Echoes each query as a passage, but a batch holding "boom" raises (a fault no request check foresees)."""
+
+    async def asearch(self, queries, k):
+        await asyncio.sleep(0.01)
+        if any("boom" in q for q in queries):
+            raise RuntimeError("the index cannot search 'boom'")
+        return [[Passage(id="0", title=q, text="")] for q in queries]
+
+
+@contextlib.asynccontextmanager
+async def serving(app):
+    """``app`` served by uvicorn on 127.0.0.1 in this event loop."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def test_a_batch_that_fails_is_searched_again_one_query_at_a_time():
+    app = create_app(FailsOnBoom(), ServerLimits(max_wait_ms=200))
+
+    async def burst():
+        async with serving(app) as url, HTTPRetriever(url) as client:
+            searches = [client.asearch([f"good {i}"], 1) for i in range(16)] + [client.asearch(["boom"], 1)]
+            results = await asyncio.gather(*searches, return_exceptions=True)
+            async with httpx.AsyncClient() as plain:  # not httpx.get: this loop is the server's
+                metrics = (await plain.get(f"{url}/metrics")).text
+            return results, float(re.search(r"^retrieve_batches_total (\S+)$", metrics, re.MULTILINE).group(1))
+
+    (*good, bad), batches = asyncio.run(burst())
+    assert [r[0][0].title for r in good] == [f"good {i}" for i in range(16)]
+    assert isinstance(bad, RuntimeError) and not isinstance(bad, RetrievalRejected)  # a 500: worth a retry
+    assert "500: search failed: RuntimeError: the index cannot search 'boom'" in str(bad)
+    assert batches == 1 + 17, "one batch of 17, then each query alone"
+
+
 def test_the_agent_answers_through_the_server(server):
     llm = scripted_llm("<search> Eiffel Tower ## Statue of Liberty </search>", "<answer> Statue of Liberty </answer>")
     out = ParallelSearchAgent(llm=llm, retriever=server).invoke("Which is older?")
@@ -164,6 +254,18 @@ def test_a_dense_index_served_over_search_r1_json_merges_concurrent_requests(den
 
     assert all(r[0][0].title == "Colosseum" for r in asyncio.run(burst()))
     assert metric(dense_server, "retrieve_batches_total") - before < 16
+
+
+def test_a_query_that_is_not_unicode_fails_alone_not_the_batch_it_would_join(dense_server):
+    async def burst():
+        async with httpx.AsyncClient() as client:
+            bad = client.post(f"{dense_server}/retrieve", content=POISON, headers={"Content-Type": "application/json"})
+            good = [client.post(f"{dense_server}/retrieve", json={"queries": [f"clock {i}"]}) for i in range(16)]
+            return await asyncio.gather(bad, *good)
+
+    bad, *good = asyncio.run(burst())
+    assert bad.status_code == 422 and "expected text encodable as UTF-8" in bad.text
+    assert [r.status_code for r in good] == [200] * 16
 
 
 def test_the_agent_answers_through_a_dense_index_server(dense_server):

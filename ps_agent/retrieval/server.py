@@ -5,7 +5,8 @@
 ``POST /retrieve`` takes Search-R1's JSON (``{"queries": [...], "topk": k, "return_scores": bool}``) and
 answers ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (documents alone when
 ``return_scores`` is false). Queries of concurrent requests are gathered for up to ``max_wait_ms`` or
-``max_batch`` queries and searched together; ``/health`` and Prometheus ``/metrics`` tell how it goes.
+``max_batch`` queries and searched together; a batch that fails is searched again one query at a time, so
+one bad query fails only its own request. ``/health`` and Prometheus ``/metrics`` tell how it goes.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ps_agent.retrieval.base import Passage, Retriever
 
@@ -39,11 +42,28 @@ class ServerLimits:
 
 
 class RetrieveRequest(BaseModel):
-    """Search-R1's request."""
+    """Search-R1's request. Types are strict: ``"3"`` is not a topk, nor ``"yes"`` a bool."""
 
-    queries: list[str] = Field(min_length=1, description="queries to search, each a non-empty string")
-    topk: int = Field(default=3, ge=1, description="passages per query")
+    model_config = ConfigDict(strict=True)
+
+    queries: list[str] = Field(min_length=1, description="queries to search, each non-empty UTF-8 text")
+    topk: int = Field(default=3, ge=1, description="passages per query, at most ServerLimits.max_topk")
     return_scores: bool = False
+
+    @field_validator("queries")
+    @classmethod
+    def _searchable(cls, queries: list[str]) -> list[str]:
+        for i, query in enumerate(queries):
+            if not query.strip():
+                raise ValueError(f"query {i} is empty: expected a non-empty string")
+            try:  # a lone surrogate ("\ud800" in JSON) is a str that no tokenizer takes
+                query.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"query {i} holds {exc.object[exc.start]!r} at character {exc.start} ({exc.reason}): "
+                    "expected text encodable as UTF-8"
+                ) from None
+        return queries
 
 
 class Document(BaseModel):
@@ -97,11 +117,18 @@ class MicroBatcher:
         try:
             with self.metrics["batch_seconds"].time():
                 results = await self.retriever.asearch([q for q, _, _ in batch], k)
-        except Exception as exc:  # every waiting request gets the failure
-            logger.exception("retrieval batch of %d failed", len(batch))
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            if len(results) != len(batch):
+                raise ValueError(f"retriever returned {len(results)} result lists for {len(batch)} queries")
+        except Exception as exc:
+            if len(batch) > 1:  # one bad query must not fail the requests batched with it: search each alone
+                logger.warning("batch of %d failed (%r); searching its queries one at a time", len(batch), exc)
+                for item in batch:
+                    if not item[2].done():
+                        await self._run_batch([item])
+                return
+            logger.exception("retrieval of query %.100r failed", batch[0][0])
+            if not batch[0][2].done():
+                batch[0][2].set_exception(exc)
             return
         for (_, k_query, future), passages in zip(batch, results, strict=True):
             if not future.done():  # a client that went away has cancelled its future
@@ -140,13 +167,22 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
 
     app = FastAPI(title="ParallelSearch retrieval server (Search-R1 protocol)", lifespan=lifespan)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes the input back: it may be large, or not encodable (a lone surrogate)
+        errors = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
     @app.post("/retrieve", response_model=RetrieveResponse)
     async def retrieve(request: RetrieveRequest) -> RetrieveResponse:
         problem = _check(request, limits)
         if problem:
             raise HTTPException(status_code=422, detail=problem)
         with metrics["latency"].time():
-            results = await batcher.search(request.queries, request.topk)
+            try:
+                results = await batcher.search(request.queries, request.topk)
+            except Exception as exc:  # logged by the batcher; only this request fails
+                raise HTTPException(status_code=500, detail=f"search failed: {type(exc).__name__}: {exc}") from exc
         metrics["requests"].inc()
         metrics["queries"].inc(len(request.queries))
         if request.return_scores:
@@ -176,8 +212,6 @@ def _check(request: RetrieveRequest, limits: ServerLimits) -> str | None:
     if request.topk > limits.max_topk:
         return f"topk {request.topk} out of bounds: expected 1..{limits.max_topk}"
     for i, query in enumerate(request.queries):
-        if not query.strip():
-            return f"query {i} is empty: expected a non-empty string"
         if len(query) > limits.max_query_chars:
             return f"query {i} has {len(query)} characters: at most {limits.max_query_chars}"
     return None
