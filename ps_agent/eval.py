@@ -1,9 +1,10 @@
 """Evaluation: run the agent over question files, append one result line per question, report.
 
-Results go to ``OUT/results/{dataset}.{mode}.jsonl``; a rerun skips the ids already there, so an
-interrupted run resumes. ``report`` aggregates them per dataset, per question class (parallelisable /
-sequential / hybrid / single-hop, from ``type`` through ``rewards.TYPE_CLASSES``) and per mode, and writes
-``summary.json``, ``report.md`` (the paper's layouts) and PNG plots.
+Results go to ``OUT/results/{dataset}.{mode}.jsonl``; a rerun skips the ids already answered there (an id
+whose latest line is an error runs again), so an interrupted or failed run resumes. ``report`` aggregates
+each question's latest line per dataset, per question class (parallelisable / sequential / hybrid /
+single-hop, from ``type`` through ``rewards.TYPE_CLASSES``) and per mode, and writes ``summary.json``,
+``report.md`` (the paper's layouts) and PNG plots.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,15 +22,17 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.graph import run_sync
 from ps_agent.metrics import cover_exact_match, exact_match, f1_score
 from ps_agent.questions import read_jsonl
+from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
+from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, mean, read_records
 
 logger = logging.getLogger(__name__)
 
 CLASSES = QUESTION_CLASSES
+MODES = ("parallel", "sequential")
 
 
 @dataclass
@@ -43,10 +47,39 @@ class EvalSettings:
     strict: bool = False
     agent: dict[str, Any] = field(default_factory=dict)  # other AgentConfig fields: max_turns, topk, …
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse settings that would hang or misbehave, before any question runs."""
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(
+                f"concurrency must be an integer of at least 1 (questions at once), got {self.concurrency!r}"
+            )
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(
+                f"limit must be an integer of at least 1 (questions per file) or None (all), got {self.limit!r}"
+            )
+        if isinstance(self.modes, str) or not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must be a non-empty list of {' and '.join(MODES)}, got {self.modes!r}")
+
+
+class EvalFailed(ValueError):
+    """Every question a run tried failed: most likely the LLM or the retriever is misnamed or unreachable."""
+
 
 def dataset_name(path: Path) -> str:
     """``../shared/data/hotpotqa/dev.jsonl`` → ``hotpotqa``; ``x/questions.jsonl`` → ``x``."""
     return path.parent.name if path.stem in ("dev", "test", "train", "questions") else path.stem
+
+
+def check_retriever(spec: Any) -> None:
+    """Load a corpus, index or server spec before any question runs, so a typo in a path is one clear error
+    instead of a failure per question (the load is cached: the agent reuses it)."""
+    try:
+        resolve_retriever(spec)
+    except OSError as exc:
+        raise CorpusError(f"cannot read corpus {spec}: {exc} (expected a readable corpus jsonl file)") from exc
 
 
 def corpus_for(path: Path, retriever: Any) -> Any:
@@ -102,15 +135,28 @@ def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseExceptio
 
 
 def finished_ids(path: Path) -> set[str]:
-    """Ids already in a results file (a torn last line does not count: that question runs again)."""
-    return {record["id"] for record in read_records([path])} if path.is_file() else set()
+    """Ids whose latest line in a results file ran without error; an errored question (an outage, a path
+    since fixed) and a torn last line run again."""
+    latest = {record["id"]: record for record in read_records([path])} if path.is_file() else {}
+    return {question_id for question_id, record in latest.items() if record["error"] is None}
+
+
+def end_torn_line(path: Path) -> None:
+    """A crash mid-write leaves a last line without its newline: end it, so the next appended line is whole
+    (the fragment stays, skipped when read, so nothing written is lost)."""
+    if path.is_file() and path.stat().st_size > 0:
+        with path.open("rb+") as file:
+            file.seek(-1, os.SEEK_END)
+            if file.read(1) != b"\n":
+                file.write(b"\n")
 
 
 async def _evaluate_file(
-    path: Path, settings: EvalSettings, out_dir: Path, progress: Progress, problems: list[str]
-) -> None:
+    path: Path, rows: list[dict[str, Any]], settings: EvalSettings, out_dir: Path, progress: Progress
+) -> list[dict[str, Any]]:
+    """Run a file's questions not yet answered, in every mode; the records this run wrote."""
     dataset = dataset_name(path)
-    rows = read_jsonl(path, problems=None if settings.strict else problems)[: settings.limit]
+    written = []
     for mode in settings.modes:
         results = out_dir / "results" / f"{dataset}.{mode}.jsonl"
         done = finished_ids(results)
@@ -119,12 +165,14 @@ async def _evaluate_file(
         agent = ParallelSearchAgent(
             llm=settings.llm, retriever=corpus_for(path, settings.retriever), mode=mode, **settings.agent
         )
+        end_torn_line(results)
         log = TrajectoryLog(results)
         gate = asyncio.Semaphore(settings.concurrency)
         jobs = (_evaluate_one(agent, row, dataset, mode, gate, log) for row in todo)
         for finished in asyncio.as_completed(list(jobs)):
-            await finished
+            written.append(await finished)
             progress.advance(task)
+    return written
 
 
 async def _evaluate_one(
@@ -134,36 +182,55 @@ async def _evaluate_one(
     mode: str,
     gate: asyncio.Semaphore,
     log: TrajectoryLog,
-) -> None:
+) -> dict[str, Any]:
     """Run one question and append its result line; a failure is recorded with its reason and the run goes on."""
     async with gate:
         started = time.time()
         try:
             record = result_record(row, dataset, mode, await agent.ainvoke({"question": row["prompt"]}))
+            log.append(record)  # a ValueError here (an answer with a lone surrogate) wrote nothing
         except Exception as exc:
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)
             record = error_record(row, dataset, mode, exc, time.time() - started)
-        log.append(record)
+            log.append(record)
+        return record
 
 
 def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSettings) -> dict[str, Any]:
-    """Run every question file in every mode (resumable), then write and return the report."""
+    """Run every question file in every mode (resumable), then write and return the report.
+
+    Settings, question files and corpora are checked before any question runs. Raises ``EvalFailed``
+    (after writing the report) when every question this run tried failed."""
+    settings.check()
     out_dir = Path(out_dir)
     problems: list[str] = []
+    files = [(Path(p), read_jsonl(p, problems=None if settings.strict else problems)[: settings.limit]) for p in data]
+    for path, _ in files:
+        check_retriever(corpus_for(path, settings.retriever))
+    written: list[dict[str, Any]] = []
 
     async def run_all() -> None:
         # no stdout/stderr redirection: under Jupyter, a model's loading bar (tqdm, in a worker thread) written
         # through rich's redirect deadlocked the kernel
         with Progress(redirect_stdout=False, redirect_stderr=False) as progress:
-            for path in data:
-                await _evaluate_file(Path(path), settings, out_dir, progress, problems)
+            for path, rows in files:
+                written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
 
     run_sync(run_all())  # also from Jupyter, whose event loop is already running
-    return report(out_dir, problems)
+    summary = report(out_dir, problems)
+    failed = [r for r in written if r["error"] is not None]
+    if written and len(failed) == len(written):
+        raise EvalFailed(
+            f"all {len(written)} questions run failed, the first with {failed[0]['error']}; expected a reachable "
+            f"LLM and retriever (each error is in {out_dir / 'results'}, the report in {out_dir / 'report.md'})"
+        )
+    return summary
 
 
 def read_results(out_dir: Path) -> list[dict[str, Any]]:
-    return read_records(sorted((out_dir / "results").glob("*.jsonl")))
+    """The latest line of each question per dataset and mode: a retried question's line follows its error's."""
+    records = read_records(sorted((out_dir / "results").glob("*.jsonl")))
+    return list({(r["dataset"], r["mode"], r["id"]): r for r in records}.values())
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:

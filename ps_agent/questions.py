@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,46 +40,81 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
     if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
         raise DataError(f"{where}: missing or empty 'golden_answers' (expected a non-empty list of strings)")
     question_type = raw.get("type") or None
-    if question_type is not None and question_type not in known_types:
+    if question_type is not None and (not isinstance(question_type, str) or question_type not in known_types):
         raise DataError(
             f"{where}: unknown question type {question_type!r}; expected none (single-hop) or one of "
             f"{sorted(known_types)}"
         )
-    return {
+    row = {
         "prompt": question.strip(),
         "golden_answers": [g.strip() for g in golden],
         "question_type": question_type,
-        "id": str(raw.get("id", where)),
+        "id": where if raw.get("id") is None else str(raw["id"]),
     }
+    try:  # JSON can spell a lone surrogate ("\ud800"), which no results file or tokenizer can take
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise DataError(
+            f"{where}: {bad!a} is not valid Unicode ({exc.reason}); expected text UTF-8 can encode"
+        ) from exc
+    return row
+
+
+def content_id(row: dict[str, Any]) -> str:
+    """The id of a question row that has none: a hash of its question, answers and type. It does not depend
+    on how the file's path is spelled or where the line sits, and an edited question gets a new id."""
+    content = json.dumps([row["prompt"], row["golden_answers"], row["question_type"]], ensure_ascii=False)
+    return "sha1-" + hashlib.sha1(content.encode("utf-8")).hexdigest()[:16]
 
 
 def read_jsonl(
     path: str | Path, known_types: frozenset[str] = KNOWN_TYPES, problems: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """Rows of a question jsonl file; a bad line is an error naming its file and line, or, when a
-    ``problems`` list is given, is recorded there (with a warning) and skipped."""
+    ``problems`` list is given, is recorded there (with a warning) and skipped.
+
+    A row without an id gets ``content_id`` (``#2``, ``#3``… on repeats of the same question)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"question file not found: {path} (expected jsonl lines of id, question, golden_answers, type)")
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    repeats: Counter[str] = Counter()
+    with path.open("rb") as lines:
+        for number, data in enumerate(lines, 1):
             where = f"{path}:{number}"
             try:
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+                if not line.strip():
+                    continue
                 try:
                     raw = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{where}: not JSON ({exc})") from exc
-                rows.append(to_row(raw, where, known_types))
+                row = to_row(raw, where, known_types)
             except DataError as exc:
                 if problems is None:
                     raise
                 logger.warning("skipped %s", exc)
-                problems.append(str(exc))
+                skipped.append(str(exc))
+                continue
+            if raw.get("id") is None:
+                key = content_id(row)
+                repeats[key] += 1
+                row["id"] = key if repeats[key] == 1 else f"{key}#{repeats[key]}"
+            rows.append(row)
+    if problems is not None:
+        problems.extend(skipped)
     if not rows:
-        raise DataError(f"question file is empty: {path}")
+        raise DataError(
+            f"no questions in {path}: all {len(skipped)} lines are bad, the first: {skipped[0]}"
+            if skipped
+            else f"question file is empty: {path} (expected jsonl lines of id, question, golden_answers, type)"
+        )
     return rows
 
 

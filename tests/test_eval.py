@@ -1,4 +1,5 @@
-"""Evaluation: reports from a hand-made results file, bad data lines, resumption, and `ps-agent eval` end to end."""
+"""Evaluation: reports from a hand-made results file, bad data lines, resumption (errors retried, torn lines),
+settings and corpus checked up front, and `ps-agent eval` end to end."""
 
 import json
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ps_agent.eval import EvalSettings, evaluate, report
+from ps_agent.eval import EvalFailed, EvalSettings, evaluate, report
 from ps_agent.synthetic import GoldPlanPolicy, generate
 
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
@@ -88,8 +89,8 @@ def test_bad_lines_are_reported_with_their_line_number_and_skipped(synthetic, tm
         )
 
 
-class FailingOnce(GoldPlanPolicy):
-    """Test double: the gold-plan oracle, except that one question's LLM call fails."""
+class FailingOn(GoldPlanPolicy):
+    """Test double: the gold-plan oracle, except that the LLM call fails for questions containing ``fail_on``."""
 
     def __init__(self, rows, fail_on):
         super().__init__(rows)
@@ -101,20 +102,115 @@ class FailingOnce(GoldPlanPolicy):
         return await super().acomplete(prompt, transcript, **kwargs)
 
 
-def test_errors_are_counted_and_a_rerun_resumes(synthetic, tmp_path):
+def test_errors_are_counted_and_a_rerun_retries_them(synthetic, tmp_path):
     corpus, questions, rows = synthetic
     out = tmp_path / "out"
-    failing = FailingOnce(rows, rows[1]["question"])
+    failing = FailingOn(rows, rows[1]["question"])
     settings = EvalSettings(llm=failing, retriever=str(corpus), modes=("parallel",), limit=3, agent={"max_turns": 10})
     summary = evaluate([questions], out, settings)
     assert summary["overall"]["parallel"] | {"n": 3, "errors": 1} == summary["overall"]["parallel"]
     results = out / "results" / "synth.parallel.jsonl"
     error_line = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["error"]]
     assert error_line[0]["error"].startswith("AgentError: LLM call failed on turn 1: ConnectionError")
-    # a rerun with more questions runs only the new ones
+    # a rerun with more questions, the LLM still failing on that question: the new ones and the errored one run
     settings.limit = 5
+    summary = evaluate([questions], out, settings)
+    assert len(results.read_text().splitlines()) == 3 + 3
+    assert summary["overall"]["parallel"] | {"n": 5, "errors": 1} == summary["overall"]["parallel"]
+    # the outage is over: only the errored question runs again, and the report counts its latest line once
+    settings.llm = GoldPlanPolicy(rows)
+    summary = evaluate([questions], out, settings)
+    assert [json.loads(x)["id"] for x in results.read_text().splitlines()][6:] == [rows[1]["id"]]
+    assert summary["overall"]["parallel"] | {"n": 5, "errors": 0, "em": 100.0} == summary["overall"]["parallel"]
+
+
+def test_a_run_where_every_question_fails_is_an_error(synthetic, tmp_path):
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(llm=FailingOn(rows, ""), retriever=str(corpus), modes=("parallel",), limit=2)
+    with pytest.raises(EvalFailed, match=r"all 2 questions run failed, the first with AgentError: .*ConnectionError"):
+        evaluate([questions], tmp_path / "out", settings)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())  # the report is still written
+    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2}
+    # a rerun with nothing left to do is not a failure
+    settings.llm = GoldPlanPolicy(rows)
+    evaluate([questions], tmp_path / "out", settings)
+    assert evaluate([questions], tmp_path / "out", settings)["overall"]["parallel"]["errors"] == 0
+
+
+def test_a_corpus_path_typo_is_refused_before_any_question_runs(synthetic, tmp_path):
+    _, questions, rows = synthetic
+    typo = tmp_path / "synth" / "corpsu.jsonl"
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(typo), modes=("parallel",), limit=2)
+    with pytest.raises(ValueError, match=r"corpus file not found: .*corpsu\.jsonl \(expected a jsonl file"):
+        evaluate([questions], tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("concurrency", 0, r"concurrency must be an integer of at least 1 .*got 0"),
+        ("concurrency", -2, r"concurrency must be an integer of at least 1 .*got -2"),
+        ("limit", 0, r"limit must be an integer of at least 1 .* or None \(all\), got 0"),
+        ("limit", -1, r"limit must be an integer of at least 1 .* or None \(all\), got -1"),
+        ("modes", "parallel", r"modes must be a non-empty list of parallel and sequential, got 'parallel'"),
+    ],
+)
+def test_settings_out_of_bounds_are_refused(field, value, message, synthetic, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        EvalSettings(**{field: value})
+    settings = EvalSettings(retriever=str(synthetic[0]))
+    setattr(settings, field, value)  # changed after construction: evaluate checks again
+    with pytest.raises(ValueError, match=message):
+        evaluate([synthetic[1]], tmp_path / "out", settings)
+
+
+def test_a_torn_last_line_is_ended_before_the_rerun_appends(synthetic, tmp_path):
+    corpus, questions, rows = synthetic
+    out = tmp_path / "out"
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=2)
     evaluate([questions], out, settings)
-    assert len(results.read_text().splitlines()) == 5
+    results = out / "results" / "synth.parallel.jsonl"
+    first, second = results.read_text().splitlines()
+    results.write_text(first + "\n" + second[: len(second) // 2])  # a crash in the middle of the second line
+    summary = evaluate([questions], out, settings)
+    lines = results.read_text().splitlines()
+    assert lines[:2] == [first, second[: len(second) // 2]] and json.loads(lines[2])["id"] == json.loads(second)["id"]
+    assert summary["overall"]["parallel"] | {"n": 2, "errors": 0} == summary["overall"]["parallel"]
+
+
+def test_ids_of_a_file_without_ids_do_not_depend_on_how_its_path_is_spelled(synthetic, tmp_path, monkeypatch):
+    corpus, _, rows = synthetic
+    monkeypatch.chdir(tmp_path)
+    Path("data.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n" for r in rows))
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=2)
+    for spelling in ("data.jsonl", "./data.jsonl", str(tmp_path / "data.jsonl")):
+        summary = evaluate([spelling], "out", settings)
+    assert len(Path("out/results/data.parallel.jsonl").read_text().splitlines()) == 2
+    assert summary["overall"]["parallel"]["n"] == 2
+
+
+def test_a_lone_surrogate_or_non_utf8_line_is_skipped_and_the_rest_run(synthetic, tmp_path):
+    corpus, questions, rows = synthetic
+    good = questions.read_text().splitlines()[:2]
+    data = tmp_path / "odd.jsonl"
+    data.write_bytes(
+        b"\n".join(
+            [
+                good[0].encode(),
+                b'{"question": "\\ud800 who?", "golden_answers": ["a"]}',
+                b'{"question": "caf\xe9?", "golden_answers": ["a"]}',
+                b'{"question": "which?", "golden_answers": ["a"], "type": ["comparison"]}',
+                good[1].encode(),
+            ]
+        )
+        + b"\n"
+    )
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",))
+    summary = evaluate([data], tmp_path / "out", settings)
+    assert summary["overall"]["parallel"] | {"n": 2, "errors": 0} == summary["overall"]["parallel"]
+    assert [p.split(": ")[0] for p in summary["skipped_lines"]] == [f"{data}:{n}" for n in (2, 3, 4)]
+    assert "Skipped data lines (3)" in (tmp_path / "out" / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,47 @@
+"""Question files: every kind of bad line is named by file and line (or skipped and counted), and ids of
+rows without one do not depend on how the path is spelled."""
+
+import json
+
+import pytest
+
+from ps_agent.questions import DataError, read_jsonl
+
+GOOD = b'{"question": "Who?", "golden_answers": ["A"]}'
+BAD_LINES = [
+    (b'{"question": "\\ud800 who?", "golden_answers": ["A"]}', r"'\\ud800' is not valid Unicode"),
+    (b'{"question": "Who?", "golden_answers": ["\\udfff"]}', r"'\\udfff' is not valid Unicode"),
+    (b'{"question": "caf\xe9?", "golden_answers": ["A"]}', r"not UTF-8 text \(invalid continuation byte"),
+    (b"{not json", r"not JSON"),
+    (b'{"golden_answers": ["A"]}', r"missing or empty 'question'"),
+    (b'{"question": "Which?", "golden_answers": ["A"], "type": ["bridge"]}', r"unknown question type \['bridge'\]"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_LINES)
+def test_a_bad_line_is_an_error_naming_file_and_line_or_is_skipped(tmp_path, line, message):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b"\n".join([GOOD, line, GOOD.replace(b"Who", b"Where")]) + b"\n")
+    with pytest.raises(DataError, match=rf"q\.jsonl:2: {message}"):
+        read_jsonl(path)
+    problems: list[str] = []
+    assert [r["prompt"] for r in read_jsonl(path, problems=problems)] == ["Who?", "Where?"]
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:2: ")
+
+
+def test_a_file_of_only_bad_lines_says_so(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b"{not json\n\xff\n")
+    with pytest.raises(DataError, match=r"no questions in .*q\.jsonl: all 2 lines are bad, the first: .*q\.jsonl:1: "):
+        read_jsonl(path, problems=[])
+
+
+def test_ids_of_rows_without_one_do_not_depend_on_the_path_spelling(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = [{"question": "Who?", "golden_answers": ["A"]}, {"question": "Where?", "golden_answers": ["B"], "id": None}]
+    rows += [rows[0], {"question": "What?", "golden_answers": ["C"], "id": 7}]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = [r["id"] for r in read_jsonl("q.jsonl")]
+    assert ids == [r["id"] for r in read_jsonl("./q.jsonl")] == [r["id"] for r in read_jsonl(tmp_path / "q.jsonl")]
+    assert ids[0].startswith("sha1-") and ids[2] == ids[0] + "#2" and ids[3] == "7"
+    assert len(set(ids)) == 4
