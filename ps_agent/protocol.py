@@ -69,10 +69,8 @@ TOOLS_PARALLEL_HINT = (
 )
 TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
 
-_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ACTION_OPEN_RE = re.compile(r"<(search|answer)>")
 _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)
-_OPEN_ACTION_RE = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
 _NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
 _WELL_FORMED_TURN_RE = re.compile(
     rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
@@ -148,13 +146,35 @@ def close_action(text: str) -> str:
     OpenAI-style servers and most LangChain models strip the stop sequence from the output;
     Hugging Face keeps it. Either way the completion ends with ``</search>`` or ``</answer>``.
     """
-    match = _ACTION_RE.search(text)
-    if match:
-        return text[: match.end()]
-    opened = _OPEN_ACTION_RE.search(text)
+    action = _first_action(text)
+    if action is not None:
+        return text[: action[2]]
+    opened = _ACTION_OPEN_RE.search(text)  # with no complete action, the first tag is unclosed
     if opened and not _ANY_TAG_RE.search(text, opened.end()):
         return text + f"</{opened.group(1)}>"
     return text
+
+
+def _first_action(text: str) -> tuple[str, str, int] | None:
+    """The first complete ``<search>``/``<answer>`` element as (kind, content, end of its closing tag).
+
+    What ``re.search(r"<(search|answer)>(.*?)</\1>", text)`` finds, in linear time: that regex
+    rescans the rest of the text from every unclosed tag, quadratic on ``"<search>" * n``.
+    """
+    last_close = {kind: text.rfind(f"</{kind}>") for kind in ("search", "answer")}
+    for opened in _ACTION_OPEN_RE.finditer(text):
+        kind = opened.group(1)
+        if last_close[kind] >= opened.end():
+            end = text.index(f"</{kind}>", opened.end())
+            return kind, text[opened.end() : end], end + len(f"</{kind}>")
+    return None
+
+
+def _first_think(text: str) -> str | None:
+    """The stripped body of the first ``<think>…</think>`` element (linear, unlike a lazy regex)."""
+    start = text.find("<think>")
+    end = text.find("</think>", start + len("<think>")) if start >= 0 else -1
+    return text[start + len("<think>") : end].strip() if end >= 0 else None
 
 
 def split_sub_queries(query: str, mode: Mode) -> tuple[str, ...]:
@@ -170,14 +190,13 @@ def parse_action(text: str, mode: Mode = "parallel") -> Action:
     Like Search-R1, the first complete ``<search>`` or ``<answer>`` element is the action.
     Nested protocol tags inside it, or an empty search, make the turn invalid.
     """
-    think_match = _THINK_RE.search(text)
-    think = think_match.group(1).strip() if think_match else None
-    match = _ACTION_RE.search(text)
-    if match is None:
-        opened = _OPEN_ACTION_RE.search(text)
+    think = _first_think(text)
+    action = _first_action(text)
+    if action is None:
+        opened = _ACTION_OPEN_RE.search(text)  # with no complete action, the first tag is unclosed
         error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
         return Action("invalid", think=think, error=error)
-    kind, content = match.group(1), match.group(2)
+    kind, content, _ = action
     if _ANY_TAG_RE.search(content):
         return Action("invalid", content=content, think=think, error=f"nested tag inside <{kind}>")
     if kind == "answer":

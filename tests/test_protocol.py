@@ -1,13 +1,18 @@
 """The text protocol: parsing, rendering and neutralisation."""
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_agent.protocol import (
     INVALID_ACTION_MESSAGE,
+    Action,
+    Mode,
     SubQueryObservation,
     close_action,
+    is_well_formed_turn,
     neutralise,
     parse_action,
     parse_forced_answer,
@@ -15,6 +20,7 @@ from ps_agent.protocol import (
     render_information,
     render_prompt,
     render_search,
+    split_sub_queries,
 )
 
 
@@ -148,3 +154,87 @@ def test_answer_round_trips(answer):
 @given(st.text())
 def test_neutralised_text_has_no_protocol_tags(text):
     assert parse_action(neutralise(text)).kind == "invalid"
+
+
+N = 50_000  # 0.4 MB turns: a quadratic parser runs for minutes (4.6 s at 64 KB, x4 per doubling), a linear one ~0.1 s
+
+
+@pytest.mark.timeout(20)  # a hang check against quadratic backtracking, not a speed assert
+@pytest.mark.parametrize(
+    ("text", "kind", "error"),
+    [
+        ("<search>" * N, "invalid", "unclosed <search> tag"),
+        ("<answer>" * N, "invalid", "unclosed <answer> tag"),
+        ("<think>" * N, "invalid", "no <search> or <answer> tag"),
+        ("<search>a##" * N, "invalid", "unclosed <search> tag"),
+        ("<think><search><answer>" * N, "invalid", "unclosed <search> tag"),
+        ("<" * N, "invalid", "no <search> or <answer> tag"),
+        ("<search>" * N + "</search>", "invalid", "nested tag inside <search>"),
+        ("<answer>" * N + "<search> q </search>", "search", None),
+        ("<think>" * N + "</think><answer> a </answer>", "answer", None),
+    ],
+)
+def test_adversarial_turns_parse_in_linear_time(text, kind, error):
+    action = parse_action(text)
+    assert (action.kind, action.error) == (kind, error)
+    assert close_action(text) == text  # ends with its action, or has tags after its unclosed one
+    assert not is_well_formed_turn(text)
+    neutralise(text)
+    parse_forced_answer(text)
+
+
+@pytest.mark.timeout(20)
+def test_many_sub_queries_and_a_long_think_parse_in_linear_time():
+    action = parse_action("<think>" + "x " * N + "</think><search>" + "a##" * N + "</search>")
+    assert action.sub_queries == ("a",) * N
+    assert action.think == ("x " * N).strip()
+    assert parse_forced_answer("<answer>" * N) == "[answer]" * (N - 1)
+
+
+# The regex parser this module used before it was made linear, kept as the reference for small inputs.
+_REFERENCE_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_REFERENCE_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_REFERENCE_OPEN_ACTION_RE = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
+_REFERENCE_ANY_TAG_RE = re.compile(r"</?\s*(think|search|information|answer)\s*>", re.IGNORECASE)
+
+
+def reference_parse_action(text: str, mode: Mode) -> Action:
+    think_match = _REFERENCE_THINK_RE.search(text)
+    think = think_match.group(1).strip() if think_match else None
+    match = _REFERENCE_ACTION_RE.search(text)
+    if match is None:
+        opened = _REFERENCE_OPEN_ACTION_RE.search(text)
+        error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
+        return Action("invalid", think=think, error=error)
+    kind, content = match.group(1), match.group(2)
+    if _REFERENCE_ANY_TAG_RE.search(content):
+        return Action("invalid", content=content, think=think, error=f"nested tag inside <{kind}>")
+    if kind == "answer":
+        return Action("answer", content=content.strip(), think=think)
+    sub_queries = split_sub_queries(content, mode)
+    if not sub_queries:
+        return Action("invalid", content=content, think=think, error="empty <search>")
+    return Action("search", content=content, sub_queries=sub_queries, think=think)
+
+
+def reference_close_action(text: str) -> str:
+    match = _REFERENCE_ACTION_RE.search(text)
+    if match:
+        return text[: match.end()]
+    opened = _REFERENCE_OPEN_ACTION_RE.search(text)
+    if opened and not _REFERENCE_ANY_TAG_RE.search(text, opened.end()):
+        return text + f"</{opened.group(1)}>"
+    return text
+
+
+_PIECES = [f"<{c}{t}>" for t in ("think", "search", "answer", "information") for c in ("", "/")]
+_PIECES += ["< search >", "</ANSWER>", "<", ">", "/", " ", "\n", "a", "b c", "##", "#"]
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30))
+def test_linear_parser_agrees_with_the_reference_regexes(pieces):
+    text = "".join(pieces)
+    for mode in ("parallel", "sequential"):
+        assert parse_action(text, mode) == reference_parse_action(text, mode)
+    assert close_action(text) == reference_close_action(text)

@@ -3,12 +3,16 @@
 import asyncio
 import importlib.util
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+from bm25s.tokenization import Tokenizer
 
 from ps_agent.retrieval import BM25Retriever, CorpusError, Passage, bm25_for_corpus, resilient_search, resolve_retriever
 from ps_agent.retrieval.corpus import load_embedded_corpus, load_jsonl_corpus
+from ps_agent.retrieval.http import RetrievalRejected
 from tests.doubles import SleepyRetriever
 
 DOCS = {
@@ -50,6 +54,57 @@ def test_bm25_cache_round_trips(corpus_file, tmp_path):
     assert loaded.search(["Colosseum Rome"], 2) == built.search(["Colosseum Rome"], 2)
 
 
+def test_bm25_crash_while_saving_leaves_no_cache(corpus_file, tmp_path, monkeypatch):
+    passages = load_jsonl_corpus(corpus_file)
+
+    def killed(self, save_dir, *args, **kwargs):
+        raise KeyboardInterrupt("killed after bm25s wrote its files, before the vocabulary")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Tokenizer, "save_vocab", killed)
+        with pytest.raises(KeyboardInterrupt):
+            BM25Retriever(passages, cache=tmp_path / "cache")
+    assert list(tmp_path.iterdir()) == [corpus_file]  # neither the cache nor its partial folder
+    BM25Retriever(passages, cache=tmp_path / "cache")
+    assert BM25Retriever(passages, cache=tmp_path / "cache").search(["Colosseum Rome"], 1)[0][0].title == "Colosseum"
+
+
+@pytest.mark.parametrize("damage", ["no vocabulary", "truncated params", "empty folder", "other corpus"])
+def test_bm25_incomplete_or_corrupt_cache_is_rebuilt(corpus_file, tmp_path, damage):
+    passages = load_jsonl_corpus(corpus_file)
+    cache = tmp_path / "cache"
+    BM25Retriever(passages[:2] if damage == "other corpus" else passages, cache=cache)
+    if damage == "no vocabulary":  # what a crash of an older version left
+        (cache / "vocab.tokenizer.json").unlink()
+    elif damage == "truncated params":
+        (cache / "params.index.json").write_text('{"k1": 1.')
+    elif damage == "empty folder":
+        shutil.rmtree(cache)
+        cache.mkdir()
+    rebuilt = BM25Retriever(passages, cache=cache)
+    assert rebuilt.search(["Colosseum Rome"], 1)[0][0].title == "Colosseum"
+    assert BM25Retriever(passages, cache=cache).search(["Big Ben"], 1) == rebuilt.search(["Big Ben"], 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corpus.jsonl"]
+
+
+def test_bm25_builder_that_loses_the_race_keeps_the_winners_cache(corpus_file, tmp_path, monkeypatch):
+    passages = load_jsonl_corpus(corpus_file)
+    BM25Retriever(passages, cache=tmp_path / "winner")
+    cache = tmp_path / "cache"
+    replace = os.replace
+
+    def other_builder_first(src, dst):
+        if Path(dst) == cache:  # another process renames its own complete cache into place first
+            shutil.copytree(tmp_path / "winner", cache)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", other_builder_first)
+    BM25Retriever(passages, cache=cache)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corpus.jsonl", "winner"]
+    assert BM25Retriever(passages, cache=cache).search(["Eiffel"], 1)[0][0].title == "Eiffel Tower"
+
+
 def test_corpus_spec_resolves_to_cached_bm25(corpus_file, monkeypatch, tmp_path):
     monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "ps-cache"))
     bm25_for_corpus.cache_clear()
@@ -80,13 +135,16 @@ def test_embedded_corpus_is_the_wikipedia_summaries():
     assert "Eiffel Tower" in [p.title for p in hits]
 
 
-def test_resilient_search_retries_then_reports():
+def test_resilient_search_retries_transient_faults_then_reports():
     flaky = SleepyRetriever(fail_times=2)
     ok = asyncio.run(resilient_search(flaky, "q", 2, retries=2, backoff_s=0))
     assert ok.error is None and ok.attempts == 3 and len(ok.passages) == 2
     down = SleepyRetriever(fail_times=9, error=RuntimeError("500 from server"))
     failed = asyncio.run(resilient_search(down, "q", 2, retries=1, backoff_s=0))
     assert failed.error == "RuntimeError: 500 from server" and failed.attempts == 2 and failed.passages == []
+    refused = SleepyRetriever(fail_times=9, error=RetrievalRejected("retrieval server answered 422: bad query"))
+    once = asyncio.run(resilient_search(refused, "q", 2, retries=2, backoff_s=0))
+    assert once.attempts == 1 and once.error == "RetrievalRejected: retrieval server answered 422: bad query"
 
 
 def test_rate_limit_throttles_searches():

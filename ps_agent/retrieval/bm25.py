@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,7 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 class BM25Retriever:
-    """Lexical search (bm25s, English stopwords); passages with zero score are not returned."""
+    """Lexical search (bm25s, English stopwords); passages with zero score are not returned.
+
+    With ``cache``, the index is loaded from that folder, or built and saved there whole: an
+    incomplete or corrupt folder (a crash of an older version) is rebuilt, never trusted.
+    """
 
     def __init__(self, passages: Sequence[Passage], cache: str | Path | None = None) -> None:
         if not passages:
@@ -25,20 +33,49 @@ class BM25Retriever:
         self.passages = passages if isinstance(passages, PassageStore) else list(passages)
         self.tokenizer = Tokenizer(stopwords="en")
         cache = Path(cache) if cache else None
-        if cache is not None and (cache / "params.index.json").is_file():
-            self.tokenizer.load_vocab(str(cache))
-            self.index = bm25s.BM25.load(str(cache), show_progress=False)
-            return
+        if cache is not None and cache.exists():
+            try:
+                self._load(cache)
+                return
+            except Exception as err:  # any unreadable cache is rebuilt, not fatal
+                logger.warning("BM25 cache %s is incomplete or corrupt (%r): rebuilding it", cache, err)
+                self.tokenizer = Tokenizer(stopwords="en")
         self.index = bm25s.BM25()
         ids: list[list[int]] = []
         for texts in _contents(self.passages):  # tokenised in chunks into one vocabulary
             ids += self.tokenizer.tokenize(texts, update_vocab=True, show_progress=False, return_as="ids")
         self.index.index(Tokenized(ids=ids, vocab=self.tokenizer.get_vocab_dict()), show_progress=False)
         if cache is not None:
-            cache.mkdir(parents=True, exist_ok=True)
-            self.index.save(str(cache), show_progress=False)
-            self.tokenizer.save_vocab(str(cache))
+            self._save(cache)
+
+    def _load(self, cache: Path) -> None:
+        self.tokenizer.load_vocab(str(cache))
+        self.index = bm25s.BM25.load(str(cache), show_progress=False)
+        if self.index.scores["num_docs"] != len(self.passages):
+            raise ValueError(f"it indexes {self.index.scores['num_docs']} passages, not {len(self.passages)}")
+
+    def _save(self, cache: Path) -> None:
+        """Write the index and vocabulary to a fresh sibling folder, then rename it onto ``cache`` whole."""
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", suffix=".partial", dir=cache.parent))
+        try:
+            self.index.save(str(partial), show_progress=False)
+            self.tokenizer.save_vocab(str(partial))
+            if cache.exists():  # the corrupt cache being replaced: moved aside in one step, then deleted
+                stale = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", suffix=".stale", dir=cache.parent))
+                with contextlib.suppress(FileNotFoundError):  # another builder moved it first
+                    os.replace(cache, stale / cache.name)
+                shutil.rmtree(stale)
+            try:
+                os.replace(partial, cache)
+            except OSError:
+                if not cache.is_dir():
+                    raise
+                logger.info("BM25 cache %s was written by another process meanwhile: keeping it", cache)
+                return
             logger.info("saved BM25 index of %d passages in %s", len(self.passages), cache)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query (fewer when fewer match at all)."""
