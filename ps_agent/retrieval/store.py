@@ -57,12 +57,12 @@ def _normalise(columns: dict[str, list], where: str, first_row: int) -> pa.Recor
 def _jsonl_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
     ids: list[str] = []
     contents: list[str] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+    with path.open("rb") as lines:
+        for number, data in enumerate(lines, 1):
+            if not data.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(data.decode("utf-8"))  # per line: bad bytes are named with their line
                 if "contents" in row:
                     text = row["contents"]
                 elif "title" in row and "text" in row:
@@ -71,6 +71,7 @@ def _jsonl_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
                     raise KeyError("no 'contents' (nor 'title' and 'text')")
                 if not isinstance(text, str) or not text.strip():
                     raise ValueError("empty contents")
+                text.encode("utf-8")  # a lone surrogate ("\ud800" in JSON) is not text any index can take
                 ids.append(str(row["id"]))
                 contents.append(text)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
