@@ -162,7 +162,7 @@ def _first_action(text: str) -> tuple[str, str, int] | None:
     rescans the rest of the text from every unclosed tag, quadratic on ``"<search>" * n``.
     """
     last_close = {kind: text.rfind(f"</{kind}>") for kind in ("search", "answer")}
-    for opened in _ACTION_OPEN_RE.finditer(text):
+    for opened in _ACTION_OPEN_RE.finditer(text, 0, max(last_close.values()) + 1):  # no open tag after it counts
         kind = opened.group(1)
         if last_close[kind] >= opened.end():
             end = text.index(f"</{kind}>", opened.end())

@@ -58,6 +58,20 @@ def forget_steps_from(run_dir: str | Path, step: int) -> int:
     return dropped
 
 
+def keep_previous_logs(run_dir: str | Path) -> Path | None:
+    """Before a fresh (not resumed) run: move an earlier run's logs into ``previous-N/``, so this run's log
+    holds its own rollouts once, and nothing is lost. Returns that folder, or None when there were none."""
+    logs = sorted(Path(run_dir).glob("trajectories*.jsonl"))
+    if not logs:
+        return None
+    number = 1 + sum(1 for _ in Path(run_dir).glob("previous-*"))
+    kept = Path(run_dir) / f"previous-{number}"
+    kept.mkdir()
+    for path in logs:
+        os.replace(path, kept / path.name)
+    return kept
+
+
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every logged rollout of a run (all processes)."""
     return read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))

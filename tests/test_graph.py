@@ -238,6 +238,22 @@ def test_malformed_retriever_answers_are_failed_searches(value):
     assert out["answer"] == "Paris"
 
 
+class SelfCancellingRetriever:
+    """Test double: a backend whose own request task was cancelled (the run itself was not)."""
+
+    async def asearch(self, queries, k):
+        raise asyncio.CancelledError("the client's request task was cancelled")
+
+
+def test_a_retriever_that_cancels_itself_is_a_failed_search_not_a_cancelled_run():
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER), retriever=SelfCancellingRetriever(), search_retries=0
+    )
+    out = agent.invoke({"question": "Q?"})
+    assert out["trajectory"]["search_rounds"][0]["results"][0]["error"].startswith("CancelledError")
+    assert out["answer"] == "Paris"
+
+
 class BlockingRetriever(SleepyRetriever):
     """Test double: query ``block`` blocks the event loop (sync sleep in async code); others are healthy."""
 

@@ -256,7 +256,9 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     from training.run_grpo import main
 
     out = tmp_path / "run"
-    final = main(grpo_args(tiny_model, out, "--max_steps", "2"))
+    TrajectoryLog(out / "trajectories-0.jsonl").append({"step": 0, "killed": "before its first checkpoint"})
+    final = main(grpo_args(tiny_model, out, "--max_steps", "2"))  # a fresh run: the earlier log is kept aside
+    assert read_trajectories(out / "previous-1") == [{"step": 0, "killed": "before its first checkpoint"}]
     assert (final / "adapter_model.safetensors").is_file()
     assert (out / "checkpoint-2").is_dir()
     assert list((out / "runs").rglob("events.out.tfevents.*"))
@@ -352,3 +354,18 @@ def test_openai_backend_hot_loads_the_adapter_into_vllm(vllm_server, smollm2_pat
     assert (out / "adapters" / "policy-step-1" / "adapter_model.safetensors").is_file()
     records = read_trajectories(out)
     assert len(records) == 4 and all(r["turns"] for r in records)
+
+
+def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_dropped(tmp_path):
+    from training.run_grpo import prepare_trajectory_logs
+
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
+    for step in (0, 1, 2, 3):
+        log.append({"step": step})
+    assert prepare_trajectory_logs(str(tmp_path), "True") == str(tmp_path / "checkpoint-2")
+    assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
+    with pytest.raises(SystemExit, match="holds no trainer_state.json"):
+        prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.rewards import QUESTION_CLASSES, RewardWeights, always_decompose_optimal, question_class
-from ps_agent.trajectories import forget_steps_from
+from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.data import load_questions, to_dataset
 from training.rollout import AgentRollout, RolloutSettings, reward_functions
 
@@ -119,10 +119,34 @@ def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0
     return alpha
 
 
+def prepare_trajectory_logs(output_dir: str, resume_from_checkpoint: str | bool | None) -> str | None:
+    """Each step's rollouts are logged once: a resumed run drops the logged rollouts of the steps it redoes;
+    a fresh run moves an earlier run's logs into ``previous-N/``. Returns the checkpoint to resume from
+    (``True`` resolved to the newest one)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not resume_from_checkpoint:
+        kept = keep_previous_logs(output_dir)
+        if kept:
+            logger.info("fresh run in %s: the earlier run's trajectory logs moved to %s", output_dir, kept)
+        return None
+    checkpoint = Path(str(resume_from_checkpoint))
+    if resume_from_checkpoint in ("True", "true", True):
+        checkpoint = Path(get_last_checkpoint(output_dir) or output_dir)
+    if not (checkpoint / "trainer_state.json").is_file():
+        raise SystemExit(
+            f"--resume_from_checkpoint {resume_from_checkpoint}: {checkpoint} holds no trainer_state.json "
+            "(expected a checkpoint folder such as OUTPUT_DIR/checkpoint-10)"
+        )
+    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    dropped = forget_steps_from(output_dir, step)
+    logger.info("resuming at step %d: %d logged rollouts of steps >= %d are redone", step, dropped, step)
+    return str(checkpoint)
+
+
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
     from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer, TrlParser
 
     parser = TrlParser((ParallelSearchArguments, GRPOConfig))
@@ -166,19 +190,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         rollout_func=AgentRollout(settings, rows, config.output_dir),
         callbacks=callbacks,
     )
-    if config.resume_from_checkpoint:
-        checkpoint = Path(config.resume_from_checkpoint)
-        if config.resume_from_checkpoint in ("True", "true", True):
-            checkpoint = Path(get_last_checkpoint(config.output_dir) or config.output_dir)
-        if not (checkpoint / "trainer_state.json").is_file():
-            raise SystemExit(
-                f"--resume_from_checkpoint {config.resume_from_checkpoint}: {checkpoint} holds no trainer_state.json "
-                "(expected a checkpoint folder such as OUTPUT_DIR/checkpoint-10)"
-            )
-        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-        dropped = forget_steps_from(config.output_dir, step)
-        logger.info("resuming at step %d: %d logged rollouts of steps >= %d are redone", step, dropped, step)
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint))
     final = Path(config.output_dir) / "final"
     trainer.save_model(str(final))
     logger.info("saved the trained %s to %s", "adapter" if peft_config else "model", final)

@@ -66,7 +66,8 @@ class SearchFailed(RuntimeError):
 def _checked(results: object, k: int) -> list[Passage]:
     """The passages of a one-query search, or a ``TypeError`` saying how the retriever's answer is malformed."""
     if not isinstance(results, Sequence) or isinstance(results, str) or len(results) != 1:
-        shape = f"{len(results)} result lists" if isinstance(results, Sequence) else type(results).__name__
+        is_lists = isinstance(results, Sequence) and not isinstance(results, str)
+        shape = f"{len(results)} result lists" if is_lists else f"a {type(results).__name__}"
         raise TypeError(f"retriever returned {shape} for 1 query: expected a list of one list of Passage")
     passages = results[0]
     if not isinstance(passages, Sequence) or not all(isinstance(p, Passage) for p in passages):
@@ -124,6 +125,8 @@ async def resilient_search(
             raise SearchFailed(f"timed out after {timeout_s:g} s")
         try:
             return _checked(search.result(), k)
+        except asyncio.CancelledError as exc:  # the backend cancelled its own search (this run was not cancelled)
+            raise SearchFailed("CancelledError: the retriever's search was cancelled") from exc
         except Exception as exc:  # any backend fault is retried, then reported to the model
             raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
 
