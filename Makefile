@@ -39,6 +39,7 @@ studio: install
 
 bench: install
 	$(PY) benchmarks/fanout.py
+	$(PY) benchmarks/reliability.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
