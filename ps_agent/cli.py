@@ -340,12 +340,12 @@ def show_trajectories(
         table.add_row(f"decomposed/{cls}", f"{value:.3f}")
     console.print(table)
     for record in records[-last:]:
-        console.print(
-            f"[dim]step {record['step']} · {record['question_class']} · total {record['rewards']['total']:+.2f}[/dim] "
-            f"{record['question']} → [green]{record['answer']!r}[/green] (gold {record['golden_answers']})"
-        )
+        total = record["rewards"]["total"]
+        header = Text(f"step {record['step']} · {record['question_class']} · total {total:+.2f} ", style="dim")
+        gold = plain(f" (gold {record['golden_answers']})")
+        console.print(header + plain(record["question"]) + " → " + plain(repr(record["answer"]), "green") + gold)
         for r in record["search_rounds"]:
-            console.print(f"    search: {' ## '.join(r['sub_queries'])}")
+            console.print(Text("    search: ") + plain(" ## ".join(r["sub_queries"])))
 
 
 if __name__ == "__main__":

@@ -83,3 +83,22 @@ def test_service_and_setting_errors_are_one_line(monkeypatch, tmp_path, args, me
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) <= 6  # one message (typer boxes usage errors in a few lines)
+
+
+def test_trajectories_show_prints_logged_text_as_text(tmp_path):
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+    from ps_agent.rewards import COMPONENTS
+    from ps_agent.trajectories import TrajectoryLog
+
+    TrajectoryLog(tmp_path / "trajectories-0.jsonl").append({
+        "step": 3, "question_class": "parallelisable", "question": "Older: [b]A[/b] or \x1b[2JB?",
+        "answer": "[/red] A", "golden_answers": ["A"], "search_rounds": [{"sub_queries": ["[/i] A", "B"]}],
+        "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.5), "format_valid": True, "decomposed": True,
+        "stats": {"forced_answer": False, "search_rounds": 1},
+    })  # fmt: skip
+    result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Older: [b]A[/b] or \\x1b[2JB?" in result.output and "'[/red] A'" in result.output
+    assert "search: [/i] A ## B" in result.output and "\x1b" not in result.output
