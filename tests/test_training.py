@@ -367,5 +367,5 @@ def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_drop
         log.append({"step": step})
     assert prepare_trajectory_logs(str(tmp_path), "True") == str(tmp_path / "checkpoint-2")
     assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
-    with pytest.raises(SystemExit, match="holds no trainer_state.json"):
+    with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
         prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))

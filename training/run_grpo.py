@@ -144,14 +144,22 @@ def prepare_trajectory_logs(output_dir: str, resume_from_checkpoint: str | bool 
     return str(checkpoint)
 
 
-def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
-    """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer, TrlParser
+def parse(argv: list[str] | None = None):
+    """``(ParallelSearchArguments, GRPOConfig)`` from flags and ``--config``, over this script's CPU defaults."""
+    from trl import GRPOConfig, TrlParser
 
     parser = TrlParser((ParallelSearchArguments, GRPOConfig))
     parser.set_defaults(**DEFAULTS)
     args, config = parser.parse_args_and_config(args=argv)[:2]
+    return args, config
+
+
+def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
+    """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     path = model_path(args.model_name_or_path)
