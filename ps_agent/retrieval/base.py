@@ -113,10 +113,16 @@ async def resilient_search(
             search = asyncio.ensure_future(retriever.asearch([query], k))
         except Exception as exc:  # asearch is not a coroutine function, or raised before its first await
             raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            # asyncio.wait, not asyncio.timeout: a search whose result is in when the timer fires is kept,
-            # so a retriever that blocks the event loop does not get the healthy searches beside it blamed
+            # asyncio.wait, not asyncio.timeout: a search whose result is in when the timer fires is kept. And a
+            # timer that fired late means something blocked the event loop (a sync call in another retriever):
+            # that time is given back once, so the healthy searches beside a blocking one are not blamed for it
             await asyncio.wait([search], timeout=timeout_s)
+            blocked_s = loop.time() - started - timeout_s
+            if not search.done() and blocked_s > 0.01:
+                await asyncio.wait([search], timeout=blocked_s)
         except asyncio.CancelledError:
             search.cancel()
             raise
