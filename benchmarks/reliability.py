@@ -56,6 +56,7 @@ from langchain_core.messages import AIMessage  # noqa: E402
 from ps_agent import ParallelSearchAgent, Passage  # noqa: E402
 from ps_agent.eval import dataset_name  # noqa: E402
 from ps_agent.protocol import close_action, parse_action  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 from tests.doubles import OpenAIChatDouble, SleepyRetriever, ToolCallingFakeChatModel  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -602,12 +603,6 @@ def write_corpus(path: Path, n: int) -> list[str]:
     return [p.title for p in passages]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -1080,8 +1075,6 @@ def part5(args: argparse.Namespace, workdir: Path) -> list[Case]:
     errors: Counter = Counter()
     fds: list[int] = []
     with retrieval_server(corpus, workdir) as (_, url), OpenAIChatDouble() as double:
-        # the double writes headers and body separately: without TCP_NODELAY each reply waits ~40 ms for an ACK
-        double.server.RequestHandlerClass.disable_nagle_algorithm = True
         llm = ChatOpenAI(base_url=double.base_url, api_key="EMPTY", model="double", max_retries=0, timeout=30)
         agents = [ParallelSearchAgent(llm=llm, retriever=f"{url}/retrieve", protocol=p) for p in ("tags", "tools")]
         start = time.perf_counter()
@@ -1119,7 +1112,7 @@ NOTES = [
     "keep-alive connections, bursts took ~2 s here against this double and against the real server alike "
     "(16 connections: ~0.5 s), so healthy searches hit the 0.3 s timeout; httpx's pool is known to be slow under "
     "concurrency (encode/httpx#3215).",
-    "Part 5: the OpenAIChatDouble's handler gets TCP_NODELAY here (it writes headers and body separately, and each "
+    "Part 5: the OpenAIChatDouble's handler sets TCP_NODELAY (it writes headers and body separately, and each "
     "reply otherwise waits ~40 ms for a delayed ACK: 130 → 59 ms per invoke).",
     "Part 4: a run is killed with SIGKILL to its process group at a random point after its imports (eval, GRPO: "
     "after a random amount of logged progress, plus a random delay); the BM25 and index builds are removed after a "
