@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ps_agent.text import lone_surrogates
+
 logger = logging.getLogger(__name__)
 
 #: Dataset ``type`` values this project knows: HotpotQA, 2WikiMultihopQA, MuSiQue, and the synthetic world.
@@ -51,13 +53,11 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
         "question_type": question_type,
         "id": where if raw.get("id") is None else str(raw["id"]),
     }
-    try:  # JSON can spell a lone surrogate ("\ud800"), which no results file or tokenizer can take
-        json.dumps(row, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start : exc.end]
-        raise DataError(
-            f"{where}: {bad!a} is not valid Unicode ({exc.reason}); expected text UTF-8 can encode"
-        ) from exc
+    for text in (row["prompt"], *row["golden_answers"], row["id"]):
+        if found := lone_surrogates(text):  # JSON spells them ("\ud800"): no results file or tokenizer takes one
+            raise DataError(
+                f"{where}: {found[0]!a} is not valid Unicode (a lone surrogate); expected text UTF-8 can encode"
+            )
     return row
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ps_agent.llms import Completion
+from ps_agent.protocol import render_answer, render_search
 from ps_agent.retrieval.corpus import passage_id
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr", "th"]
@@ -270,9 +272,6 @@ class GoldPlanPolicy:
         self.mode = mode
 
     async def acomplete(self, prompt, transcript, *, stop, max_tokens):
-        from ps_agent.llms import Completion
-        from ps_agent.protocol import render_answer, render_search
-
         question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
         q = self.plans[question]
         steps = (

@@ -1,14 +1,21 @@
 """LLM backends: spec resolution, and token exactness of the real embedded model and a real vLLM server."""
 
+from __future__ import annotations
+
 import asyncio
 import json
 import shutil
+import threading
+import time
 
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
 from langchain_core.messages import AIMessage, HumanMessage
 
 from ps_agent.llms import (
     EMBEDDED_BASE,
+    Completion,
     LLMSpecError,
     OpenAICompletionsPolicy,
     TransformersPolicy,
@@ -19,6 +26,7 @@ from ps_agent.llms import (
     transcript_messages,
 )
 from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_chat_prompt, render_information
+from tests.conftest import free_port
 
 QUESTION = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 
@@ -62,12 +70,27 @@ def smollm2(smollm2_path) -> TransformersPolicy:
     return TransformersPolicy.from_pretrained(smollm2_path)
 
 
+def greedy(policy: TransformersPolicy, context: list[int], max_tokens: int) -> list[int]:
+    """The model's own greedy continuation of ``context``, straight from ``generate`` (no stop strings)."""
+    import torch
+
+    ids = torch.tensor([context])
+    out = policy.model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+        temperature=None, top_p=None, top_k=None, pad_token_id=policy.tokenizer.eos_token_id,
+    )  # fmt: skip
+    return out[0, len(context) :].tolist()
+
+
 @pytest.mark.slow
 def test_embedded_model_is_token_exact(smollm2):
     prompt = render_chat_prompt(QUESTION)
+    prompt_ids = smollm2.prompt_ids(prompt)
     first = smollm2.complete(prompt, [], stop=STOP_SEQUENCES, max_tokens=48)
-    assert first.token_ids and len(first.token_ids) == len(first.logprobs) == first.completion_tokens
-    assert smollm2.tokenizer.decode(first.token_ids, skip_special_tokens=True) == first.text
+    assert first.token_ids == greedy(smollm2, prompt_ids, 48)[: len(first.token_ids)]  # the model's own tokens
+    assert first.token_ids[-1] == smollm2.tokenizer.eos_token_id and first.finish_reason == "stop"
+    assert first.text == "The Statue of Liberty is older than the Eiffel Tower."  # greedy on the pinned weights
+    assert len(first.token_ids) == len(first.logprobs) == first.completion_tokens
     assert all(lp <= 0 for lp in first.logprobs)
     observation = render_information([SubQueryObservation("q", [("Eiffel Tower", "Completed in 1889.")])])
     transcript = [
@@ -75,11 +98,32 @@ def test_embedded_model_is_token_exact(smollm2):
         {"role": "env", "text": observation, "token_ids": None},
     ]
     context = smollm2.context_ids(prompt, transcript)
-    prompt_ids = smollm2.prompt_ids(prompt)
     observation_ids = smollm2.tokenizer(observation, add_special_tokens=False).input_ids
     assert context == prompt_ids + first.token_ids + observation_ids  # no decode→re-encode of model tokens
     second = smollm2.complete(prompt, transcript, stop=STOP_SEQUENCES, max_tokens=16)
-    assert second.prompt_tokens == len(context)
+    assert second.prompt_tokens == len(prompt_ids) + len(first.token_ids) + len(observation_ids)
+    assert second.token_ids == greedy(smollm2, context, 16)[: len(second.token_ids)]  # conditioned on exactly that
+
+
+def test_concurrent_turns_are_one_batch_and_a_finished_rollout_releases_the_waiting_ones(tiny_model):
+    policy = TransformersPolicy.from_pretrained(tiny_model, batch_window_s=600)  # only events start a batch here
+    prompts = [render_chat_prompt(f"Question {i}?") for i in range(3)]
+
+    def turn(prompt):
+        return policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=4)
+
+    async def rollouts():
+        policy.expected = 3  # what a training rollout sets: its number of active rollouts
+        together = await asyncio.wait_for(asyncio.gather(*map(turn, prompts)), 120)
+        waiting = [asyncio.create_task(turn(prompt)) for prompt in prompts[:2]]
+        await asyncio.sleep(0.2)
+        assert policy.batch_sizes == [3]  # two turns wait for the third rollout's
+        policy.expected -= 1  # which finished instead
+        return together + await asyncio.wait_for(asyncio.gather(*waiting), 120)
+
+    completions = asyncio.run(rollouts())
+    assert policy.batch_sizes == [3, 2]
+    assert [len(c.token_ids) == c.completion_tokens > 0 for c in completions] == [True] * 5
 
 
 @pytest.mark.slow
@@ -93,6 +137,77 @@ def test_vllm_server_matches_the_embedded_model(vllm_server, smollm2):
     assert len(served.logprobs) == len(served.token_ids)
     # vLLM CPU kernels compute in bf16: same tokens, log-probs within a small tolerance
     assert served.logprobs == pytest.approx(local.logprobs, abs=0.3)
+
+
+class VLLMDouble:
+    """Test double: vLLM's OpenAI-compatible endpoints the policy uses, served by uvicorn in a thread of its own.
+
+    It records the body and the client's port of every request; ``/tokenize`` gives 3 ids for any text.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[int, str, dict]] = []
+        app = FastAPI()
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> dict:
+            self.requests.append((request.client.port, "models", {}))
+            return {"data": [{"id": "double"}]}
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> dict:
+            self.requests.append((request.client.port, "tokenize", await request.json()))
+            return {"tokens": [1, 2, 3]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> dict:
+            self.requests.append((request.client.port, "completions", await request.json()))
+            choice = {"text": "<answer> Paris </answer>", "token_ids": [7, 8], "finish_reason": "stop"}
+            return {"choices": [choice | {"logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+
+    def __enter__(self) -> VLLMDouble:
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def test_the_vllm_policy_sends_exact_ids_over_one_connection_pool_per_event_loop():
+    prompt = render_chat_prompt(QUESTION)
+    transcript = [
+        {"role": "model", "text": "<search> q </search>", "token_ids": [5, 6]},
+        {"role": "env", "text": "<information>i</information>", "token_ids": None},
+    ]
+    with VLLMDouble() as double:
+        policy = OpenAICompletionsPolicy(f"http://127.0.0.1:{double.port}/v1")
+
+        async def three_turns() -> list[Completion]:
+            return [await policy.acomplete(prompt, transcript, stop=STOP_SEQUENCES, max_tokens=8) for _ in range(3)]
+
+        loops = []
+        for _ in range(2):  # a new event loop each time, as each training step's asyncio.run
+            before = len(double.requests)
+            turns = asyncio.run(three_turns())
+            assert len(policy.clients) == 0  # its client was closed when the loop shut down
+            loops.append(double.requests[before:])
+    per_turn = ["tokenize", "tokenize", "completions"]  # the prompt and the observation tokenized, then complete
+    assert [kind for _, kind, _ in loops[0]] == ["models", *per_turn * 3]
+    assert [kind for _, kind, _ in loops[1]] == per_turn * 3
+    for requests in loops:
+        ports = [port for port, _, _ in requests]
+        assert len(set(ports)) == 1, f"one pooled connection per event loop, not one per call: ports {ports}"
+    sent = [body["prompt"] for _, kind, body in double.requests if kind == "completions"]
+    assert sent == [[1, 2, 3, 5, 6, 1, 2, 3]] * 6  # the model's own ids kept, environment text tokenized
+    (turn, *_) = turns
+    assert (turn.token_ids, turn.logprobs, turn.finish_reason, turn.prompt_tokens) == ([7, 8], [-0.5, -0.25], "stop", 8)
 
 
 # --- the shipped policies ----------------------------------------------------------------------

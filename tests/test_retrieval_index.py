@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import faiss
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -204,17 +205,21 @@ def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path
     assert resumed == fresh
 
 
-def test_index_folders_resolve_as_retrievers_and_stay_on_cpu_without_faiss_gpu(built, passages):
+def test_index_folders_resolve_as_retrievers_and_move_to_a_gpu_only_when_faiss_sees_one(built, passages):
     from ps_agent.retrieval.langchain import PassageRetriever
 
     retriever = resolve_retriever(built)
     assert retriever is resolve_retriever(str(built))  # loaded once
     assert search(retriever, ["Paris"], 2)[0]
-    as_langchain = PassageRetriever(retriever=load_index(built, "hnsw"), k=2)  # a LangChain BaseRetriever
+    hnsw = load_index(built, "hnsw")
+    as_langchain = PassageRetriever(retriever=hnsw, k=2)  # a LangChain BaseRetriever
     docs = as_langchain.invoke(passages[3].title)
     assert len(docs) == 2 and docs[0].id == passages[3].id and docs[0].metadata["title"] == passages[3].title
+    assert on_gpu_if_present(hnsw.index, "hnsw") is hnsw.index  # HNSW has no GPU version: the CPU index itself
     flat = load_index(built, "flat")
-    assert on_gpu_if_present(flat.index, "flat") is flat.index  # no GPU here: the CPU index itself
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "index_cpu_to_all_gpus") else 0  # faiss-cpu has no GPU API
+    moved = on_gpu_if_present(flat.index, "flat")
+    assert (moved is flat.index) == (gpus == 0)  # the CPU index itself unless faiss-gpu sees a GPU
 
 
 def test_index_build_cli(corpus, tmp_path):

@@ -7,16 +7,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import VectorStore
+
+from ps_agent.cache import cache_dir
 from ps_agent.retrieval.base import Passage, Retriever, SearchOutcome, resilient_search
 from ps_agent.retrieval.bm25 import BM25Retriever
-from ps_agent.retrieval.corpus import (
-    CorpusError,
-    cache_dir,
-    embedded_corpus_path,
-    file_checksum,
-    load_embedded_corpus,
-    load_jsonl_corpus,
-)
+from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.http import HTTPRetriever
+from ps_agent.retrieval.langchain import LangChainRetriever, VectorStoreRetriever
+from ps_agent.retrieval.store import load_jsonl_corpus
 
 __all__ = [
     "BM25Retriever",
@@ -50,15 +50,13 @@ def bm25_for_corpus(corpus: str = EMBEDDED) -> BM25Retriever:
 @functools.lru_cache(maxsize=8)
 def index_retriever(folder: str, kind: str | None = None) -> Retriever:
     """A built index folder (``ps-agent index build``), loaded once and checked against its manifest."""
-    from ps_agent.retrieval.index import load_index
+    from ps_agent.retrieval.index import load_index  # FAISS and the encoders load only when a folder is used
 
     return load_index(folder, kind)
 
 
 @functools.lru_cache(maxsize=8)
 def _http_retriever(url: str) -> Retriever:
-    from ps_agent.retrieval.http import HTTPRetriever
-
     return HTTPRetriever(url)  # one per URL, so its connection pool is shared by every search
 
 
@@ -67,11 +65,6 @@ def resolve_retriever(spec: Any = None) -> Retriever:
     jsonl path, a built index folder (``ps-agent index build``), a retrieval server URL
     (``http://HOST:PORT[/retrieve]``, Search-R1 protocol), a ``Retriever``, or a LangChain
     ``BaseRetriever``/``VectorStore``."""
-    from langchain_core.retrievers import BaseRetriever
-    from langchain_core.vectorstores import VectorStore
-
-    from ps_agent.retrieval.langchain import LangChainRetriever, VectorStoreRetriever
-
     if spec is None or spec == EMBEDDED:
         spec = EMBEDDED
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):

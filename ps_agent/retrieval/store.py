@@ -17,14 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ps_agent.cache import written_whole
 from ps_agent.retrieval.base import Passage
-from ps_agent.retrieval.corpus import (
-    CorpusError,
-    embedded_corpus_path,
-    file_checksum,
-    load_embedded_corpus,
-    written_whole,
-)
+from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, file_checksum, load_embedded_corpus
+from ps_agent.text import lone_surrogates
 
 SCHEMA = pa.schema([("id", pa.string()), ("contents", pa.string())])
 EMBEDDED = "embedded"
@@ -71,7 +67,8 @@ def _jsonl_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
                     raise KeyError("no 'contents' (nor 'title' and 'text')")
                 if not isinstance(text, str) or not text.strip():
                     raise ValueError("empty contents")
-                text.encode("utf-8")  # a lone surrogate ("\ud800" in JSON) is not text any index can take
+                if found := lone_surrogates(text):  # "\ud800" in JSON: not text any index can take
+                    raise ValueError(f"contents hold {found[0]!a} at character {found[1]} (surrogates not allowed)")
                 ids.append(str(row["id"]))
                 contents.append(text)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -137,6 +134,22 @@ def iter_corpus(source: str | Path, batch_size: int = 10_000) -> Iterator[pa.Rec
             yield batch
         return
     yield from _jsonl_batches(path, batch_size)
+
+
+def load_jsonl_corpus(path: str | Path) -> list[Passage]:
+    """Read a small Search-R1/FlashRAG corpus (``{"id", "contents": "\\"Title\\"\\ntext"}`` per line) into memory;
+    ``ps-agent index build`` streams large ones into an on-disk store instead."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"corpus file not found: {path} (expected a jsonl file of {{'id', 'contents'}} lines)")
+    passages = [
+        Passage.from_contents(pid, contents)
+        for batch in iter_corpus(path)
+        for pid, contents in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+    ]
+    if not passages:
+        raise CorpusError(f"corpus file is empty: {path}")
+    return passages
 
 
 def corpus_fingerprint(source: str | Path) -> dict:

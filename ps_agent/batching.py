@@ -1,0 +1,124 @@
+"""One micro-batcher: items submitted concurrently on an event loop are run together, in batches.
+
+Used by the retrieval server (the queries of concurrent requests → one search) and the in-process
+transformers policy (the turns of concurrent rollouts → one ``generate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class _Waiting(Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+    since: float
+
+
+class MicroBatcher(Generic[T, R]):
+    """Runs the items submitted concurrently on one event loop through ``run_batch``, in batches.
+
+    A batch starts as soon as ``size`` items wait, or ``max_wait_s`` after its oldest item arrived, and holds
+    at most ``size`` items; batches run one at a time. The worker sleeps on an event that a new item or a
+    new ``size`` sets, never in a poll loop. An item whose caller went away (its future cancelled) is dropped.
+    With ``retry_alone``, a batch that fails is run again one item at a time, so only an item that fails alone
+    sees an error; otherwise every item of the failed batch gets the exception.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[T]], Awaitable[Sequence[R]]],
+        *,
+        size: int,
+        max_wait_s: float,
+        retry_alone: bool = False,
+    ) -> None:
+        self.run_batch = run_batch
+        self.max_wait_s = max_wait_s
+        self.retry_alone = retry_alone
+        self._size = max(1, size)
+        self._waiting: list[_Waiting[T, R]] = []
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def size(self) -> int:
+        """How many waiting items start a batch at once, and the most one holds."""
+        return self._size
+
+    @size.setter
+    def size(self, size: int) -> None:
+        self._size = max(1, size)
+        self._wake.set()  # the items waiting now may be a full batch
+
+    async def submit(self, items: Sequence[T]) -> list[R]:
+        """The results of ``items``, in order, each run in the batch it joins."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            # a new loop (a policy outlives the loops of its runs): its own event, no items of a loop gone
+            self._waiting = [w for w in self._waiting if w.future.get_loop() is loop]
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._work())
+        waiting = [_Waiting(item, loop.create_future(), loop.time()) for item in items]
+        self._waiting += waiting
+        self._wake.set()
+        return list(await asyncio.gather(*(w.future for w in waiting)))
+
+    async def run_now(self, items: Sequence[T]) -> list[R]:
+        """The results of ``items`` run as one batch of their own, now (no gathering with other callers)."""
+        loop = asyncio.get_running_loop()
+        waiting = [_Waiting(item, loop.create_future(), loop.time()) for item in items]
+        await self._run(waiting)
+        return list(await asyncio.gather(*(w.future for w in waiting)))
+
+    def _live(self) -> list[_Waiting[T, R]]:
+        self._waiting = [w for w in self._waiting if not w.future.done()]
+        return self._waiting
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._live():
+            deadline = self._waiting[0].since + self.max_wait_s
+            while 0 < len(self._live()) < self._size and loop.time() < deadline:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
+            batch, self._waiting = self._waiting[: self._size], self._waiting[self._size :]
+            if batch:
+                await self._run(batch)
+
+    async def _run(self, batch: list[_Waiting[T, R]]) -> None:
+        try:
+            results = await self.run_batch([w.item for w in batch])
+            if len(results) != len(batch):
+                raise ValueError(f"a batch of {len(batch)} items gave {len(results)} results")
+        except Exception as exc:
+            if self.retry_alone and len(batch) > 1:
+                logger.warning("a batch of %d failed (%r): running its items one at a time", len(batch), exc)
+                for waiting in batch:
+                    if not waiting.future.done():
+                        await self._run([waiting])
+                return
+            for waiting in batch:
+                if not waiting.future.done():
+                    waiting.future.set_exception(exc)
+            return
+        for waiting, result in zip(batch, results, strict=True):
+            if not waiting.future.done():  # a caller that went away has cancelled its future
+                waiting.future.set_result(result)
+
+    async def close(self) -> None:
+        """Wait until the items waiting now have run."""
+        if self._worker is not None and not self._worker.done():
+            await self._worker

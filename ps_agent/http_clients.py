@@ -1,0 +1,46 @@
+"""HTTP clients pooled per event loop, closed when their loop shuts down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+
+
+class LoopClients:
+    """One ``httpx.AsyncClient`` (a connection pool) per event loop, built with ``options``; closed when that
+    loop shuts down its async generators (``asyncio.run`` ends) or by ``aclose()``."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        # keyed by the loop itself, not its id() (reused once a loop is collected): never a client of a dead loop
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def get(self) -> httpx.AsyncClient:
+        """The running loop's client, opened on first use."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            client = httpx.AsyncClient(**self.options)
+            closer = self._close_at_loop_shutdown(client)
+            self._clients[loop] = (client, closer)
+            await anext(closer)  # started: the loop finalises it when it shuts down its async generators
+        return self._clients[loop][0]
+
+    async def _close_at_loop_shutdown(self, client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+        """Waits at its ``yield`` until the loop shuts down (or ``aclose()``), then forgets and closes the client."""
+        try:
+            yield
+        finally:
+            del self._clients[asyncio.get_running_loop()]
+            await client.aclose()
+
+    async def aclose(self) -> None:
+        """Close the running loop's client (a later ``get`` opens a new one)."""
+        entry = self._clients.get(asyncio.get_running_loop())
+        if entry is not None:
+            await entry[1].aclose()

@@ -1,0 +1,62 @@
+"""LLM backends: spec strings and LangChain models → policies the graph can call.
+
+The ``tags`` protocol needs a ``TextPolicy``: given the chat prompt (the user prompt, after optional
+demonstration turns) and the response so far, write the next turn. Token-exact backends (``hf:``,
+the embedded ``smollm2``, ``vllm:``) condition on the exact token ids generated before, never on
+re-tokenised text, and return ids and log-probs, which is what RL training needs. The ``tools``
+protocol needs a LangChain chat model with tool calling.
+
+    base.py      TextPolicy, Completion, LLMSpecError
+    tokens.py    a turn's context as token ids (prompt, then each segment's own ids)
+    local.py     TransformersPolicy: a local causal LM, concurrent turns generated as one batch
+    embedded.py  the embedded SmolLM2 and the adapters shipped in policies/
+    vllm.py      OpenAICompletionsPolicy: a vLLM OpenAI-compatible server, token-exact
+    langchain.py any LangChain BaseLLM or BaseChatModel as a policy
+    specs.py     spec strings and objects → a policy (tags) or a chat model (tools)
+"""
+
+from ps_agent.llms.base import Completion, LLMSpecError, TextPolicy
+from ps_agent.llms.embedded import (
+    EMBEDDED_ADAPTERS,
+    EMBEDDED_BASE,
+    EMBEDDED_BASE_SPEC,
+    EMBEDDED_MODEL,
+    EMBEDDED_MODEL_PACKAGE,
+    embedded_model_path,
+    embedded_spec,
+    load_adapter_model,
+    policies_dir,
+)
+from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy, token_cap, transcript_messages
+from ps_agent.llms.local import TransformersPolicy
+from ps_agent.llms.specs import SPEC_FORMS, resolve_chat_model, resolve_text_policy
+from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length, segment_ids
+from ps_agent.llms.vllm import OpenAICompletionsPolicy
+
+__all__ = [
+    "EMBEDDED_ADAPTERS",
+    "EMBEDDED_BASE",
+    "EMBEDDED_BASE_SPEC",
+    "EMBEDDED_MODEL",
+    "EMBEDDED_MODEL_PACKAGE",
+    "SPEC_FORMS",
+    "Completion",
+    "LLMSpecError",
+    "LangChainChatPolicy",
+    "LangChainLLMPolicy",
+    "OpenAICompletionsPolicy",
+    "TextPolicy",
+    "TransformersPolicy",
+    "chat_prompt_ids",
+    "context_ids",
+    "embedded_model_path",
+    "embedded_spec",
+    "generated_length",
+    "load_adapter_model",
+    "policies_dir",
+    "resolve_chat_model",
+    "resolve_text_policy",
+    "segment_ids",
+    "token_cap",
+    "transcript_messages",
+]

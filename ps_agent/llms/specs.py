@@ -1,0 +1,115 @@
+"""LLM specs (strings or LangChain models) resolved to the policy or chat model a protocol needs."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+from langchain_core.language_models import BaseChatModel, BaseLLM
+
+from ps_agent.llms.base import LLMSpecError, TextPolicy
+from ps_agent.llms.embedded import (
+    EMBEDDED_ADAPTERS,
+    EMBEDDED_BASE_SPEC,
+    embedded_model_path,
+    embedded_spec,
+    load_adapter_model,
+    policies_dir,
+)
+from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy
+from ps_agent.llms.local import TransformersPolicy
+from ps_agent.llms.vllm import OpenAICompletionsPolicy
+
+SPEC_FORMS = (
+    "'smollm2' (embedded SmolLM2-135M-Instruct with the trained adapter of the mode), 'smollm2-parallelsearch', "
+    "'smollm2-searchr1', 'smollm2-base' (untrained), 'hf:PATH' (local transformers model or PEFT adapter folder), "
+    "'vllm:http://HOST:PORT/v1' (OpenAI-compatible server), 'provider:model' (as langchain's init_chat_model), "
+    "or a LangChain BaseChatModel/BaseLLM instance"
+)
+
+_SPEC_LOCK = threading.Lock()
+
+
+def _init_chat_model(spec: str) -> BaseChatModel:
+    from langchain.chat_models import init_chat_model
+
+    try:
+        return init_chat_model(spec)
+    except (ImportError, ValueError) as exc:
+        raise LLMSpecError(f"cannot resolve LLM spec {spec!r}: {exc}. Expected {SPEC_FORMS}") from exc
+    except Exception as exc:  # a provider's client refusing to start, e.g. openai.OpenAIError for a missing key
+        raise LLMSpecError(
+            f"cannot start the chat model {spec!r}: {type(exc).__name__}: {exc} "
+            "(is the provider's API key set in its environment variable, e.g. OPENAI_API_KEY?)"
+        ) from exc
+
+
+def _vllm_url(spec: str) -> str:
+    url = spec.removeprefix("vllm:")
+    if not url.startswith(("http://", "https://")):
+        raise LLMSpecError(f"bad vllm spec {spec!r}: expected 'vllm:http://HOST:PORT/v1'")
+    return url
+
+
+def _transformers_policy(path: Path) -> TransformersPolicy:
+    """``hf:PATH``: a transformers model folder, or a PEFT adapter folder on its base."""
+    if (path / "adapter_config.json").is_file():
+        return TransformersPolicy(*load_adapter_model(path))
+    return TransformersPolicy.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _text_policy_from_spec(spec: str) -> TextPolicy:
+    if spec == EMBEDDED_BASE_SPEC:
+        return TransformersPolicy.from_pretrained(embedded_model_path())
+    if spec in EMBEDDED_ADAPTERS:
+        return TransformersPolicy(*load_adapter_model(policies_dir() / spec))
+    if spec.startswith("hf:"):
+        return _transformers_policy(Path(spec.removeprefix("hf:")))
+    if spec.startswith("vllm:"):
+        return OpenAICompletionsPolicy(_vllm_url(spec))
+    if ":" in spec:
+        return LangChainChatPolicy(_init_chat_model(spec))
+    raise LLMSpecError(f"unknown LLM spec {spec!r}: expected {SPEC_FORMS}")
+
+
+def resolve_text_policy(llm: Any = None, mode: str = "parallel") -> TextPolicy:
+    """A ``TextPolicy`` for the tags protocol from a spec string or a model object (None → the embedded
+    trained policy of ``mode``)."""
+    if llm is None or isinstance(llm, str):
+        with _SPEC_LOCK:  # concurrent first runs load a spec's model once
+            return _text_policy_from_spec(embedded_spec(llm, mode))
+    if isinstance(llm, BaseChatModel):
+        return LangChainChatPolicy(llm)
+    if isinstance(llm, BaseLLM):
+        return LangChainLLMPolicy(llm)
+    if isinstance(llm, TextPolicy):
+        return llm
+    raise LLMSpecError(f"cannot use {type(llm).__name__} as an LLM: expected {SPEC_FORMS}")
+
+
+def resolve_chat_model(llm: Any) -> BaseChatModel:
+    """A tool-calling chat model for the tools protocol."""
+    if isinstance(llm, BaseChatModel):
+        return llm
+    if isinstance(llm, str) and llm.startswith("vllm:"):
+        from langchain_openai import ChatOpenAI
+
+        url = _vllm_url(llm)
+        try:
+            model = httpx.get(f"{url.rstrip('/')}/models", timeout=30).raise_for_status().json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise LLMSpecError(
+                f"cannot reach the vLLM server of {llm!r}: {type(exc).__name__}: {exc} "
+                "(expected an OpenAI-compatible server serving a model at that URL; is it running?)"
+            ) from exc
+        return ChatOpenAI(base_url=url, api_key="EMPTY", model=model, temperature=0)
+    if isinstance(llm, str) and ":" in llm and not llm.startswith("hf:"):
+        return _init_chat_model(llm)
+    raise LLMSpecError(
+        f"the tools protocol needs a chat model with tool calling, got {llm!r}: expected a LangChain "
+        "BaseChatModel, 'vllm:http://HOST:PORT/v1' or 'provider:model'; use protocol='tags' for the embedded model"
+    )

@@ -1,0 +1,106 @@
+"""A vLLM OpenAI-compatible server as a token-exact policy (``vllm:http://HOST:PORT/v1``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from ps_agent.http_clients import LoopClients
+from ps_agent.llms.base import Completion, plain_text
+from ps_agent.llms.tokens import context_ids
+from ps_agent.protocol import ChatPrompt
+from ps_agent.state import Segment
+
+
+class OpenAICompletionsPolicy:
+    """A vLLM OpenAI-compatible server, token-exact: prompts are sent as token ids.
+
+    Uses vLLM's ``/tokenize`` (chat template applied server-side) and the completions extensions
+    ``return_token_ids`` and ``include_stop_str_in_output``. One pooled connection set per event loop,
+    closed when that loop shuts down or by ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        timeout_s: float = 300.0,
+        tokenizer: Any = None,
+    ) -> None:
+        self.tokenizer = tokenizer  # when given, contexts are tokenised locally with it (the trainer's)
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.model = model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.clients = LoopClients(timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        """Close the running loop's connections (a later call opens new ones)."""
+        await self.clients.aclose()
+
+    async def _model_name(self, client: httpx.AsyncClient) -> str:
+        if self.model is None:
+            response = await client.get(f"{self.base_url}/models")
+            response.raise_for_status()
+            self.model = response.json()["data"][0]["id"]
+        return self.model
+
+    async def _tokenize(self, client: httpx.AsyncClient, body: dict[str, Any]) -> list[int]:
+        response = await client.post(f"{self.root_url}/tokenize", json=body)
+        response.raise_for_status()
+        return response.json()["tokens"]
+
+    async def _context(
+        self, client: httpx.AsyncClient, model: str, prompt: ChatPrompt, transcript: Sequence[Segment]
+    ) -> list[int]:
+        """The turn's context ids: with the local tokenizer when given, else by the server's ``/tokenize``."""
+        if self.tokenizer is not None:
+            return context_ids(self.tokenizer, prompt, transcript)
+        chat = {"model": model, "messages": list(prompt), "add_generation_prompt": True}
+        context = await self._tokenize(client, chat)
+        for segment in transcript:
+            context += segment["token_ids"] or await self._tokenize(
+                client, {"model": model, "prompt": segment["text"], "add_special_tokens": False}
+            )
+        return context
+
+    async def acomplete(
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
+        """The next turn from the server, as exact token ids with their log-probs."""
+        client = await self.clients.get()
+        model = await self._model_name(client)
+        context = await self._context(client, model, prompt, transcript)
+        response = await client.post(
+            f"{self.base_url}/completions",
+            json={
+                "model": model,
+                "prompt": context,
+                "max_tokens": max_tokens,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "stop": list(stop),
+                "include_stop_str_in_output": True,
+                "logprobs": 0,
+                "return_token_ids": True,
+            },
+        )
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        token_ids = choice.get("token_ids")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        return Completion(
+            text=choice["text"],
+            prompt_text=plain_text(prompt, transcript),
+            prompt_tokens=len(context),
+            completion_tokens=len(token_ids) if token_ids is not None else None,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=choice.get("finish_reason"),
+        )

@@ -1,0 +1,162 @@
+"""The micro-batcher: when batches start, how failures and callers that go away are handled."""
+
+import asyncio
+
+import pytest
+
+from ps_agent.batching import MicroBatcher
+
+LONG = 600.0  # a max_wait no test may reach: a batch that starts did so on an event, not a timeout
+
+
+class Recorder:
+    """A batch function that records its batches and answers each item doubled; items named in ``fails`` raise."""
+
+    def __init__(self, fails: tuple[int, ...] = ()) -> None:
+        self.batches: list[list[int]] = []
+        self.fails = fails
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        await asyncio.sleep(0)
+        if any(item in self.fails for item in items):
+            raise RuntimeError(f"cannot run {self.fails}")
+        return [2 * item for item in items]
+
+
+def run(coroutine, timeout_s: float = 30.0):
+    """Run ``coroutine``, failing the test if it waits for a timeout it should not need."""
+    return asyncio.run(asyncio.wait_for(coroutine, timeout_s))
+
+
+def test_a_batch_starts_as_soon_as_it_is_full_and_holds_at_most_size_items():
+    record = Recorder()
+    batcher = MicroBatcher(record, size=2, max_wait_s=LONG)
+
+    async def five():
+        return await asyncio.gather(*(batcher.submit([i]) for i in range(4)), batcher.submit([4, 5]))
+
+    assert run(five()) == [[0], [2], [4], [6], [8, 10]]
+    assert record.batches == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_a_partial_batch_starts_after_max_wait():
+    record = Recorder()
+    batcher = MicroBatcher(record, size=10, max_wait_s=0.05)
+
+    async def two():
+        return await asyncio.gather(batcher.submit([1]), batcher.submit([2]))
+
+    assert run(two()) == [[2], [4]]
+    assert record.batches == [[1, 2]]
+
+
+def test_a_smaller_size_starts_the_waiting_batch_at_once():
+    """What a training rollout does when one of its rollouts finishes: fewer turns now make a batch."""
+    record = Recorder()
+    batcher = MicroBatcher(record, size=3, max_wait_s=LONG)
+
+    async def two_then_shrink():
+        waiting = [asyncio.create_task(batcher.submit([i])) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        assert record.batches == []  # 2 of 3 wait
+        batcher.size = 2
+        return await asyncio.gather(*waiting)
+
+    assert run(two_then_shrink()) == [[2], [4]]
+    assert record.batches == [[1, 2]]
+
+
+def test_a_failed_batch_is_retried_one_item_at_a_time_so_only_the_culprit_fails():
+    record = Recorder(fails=(3,))
+    batcher = MicroBatcher(record, size=3, max_wait_s=LONG, retry_alone=True)
+
+    async def three():
+        return await asyncio.gather(*(batcher.submit([i]) for i in (1, 3, 5)), return_exceptions=True)
+
+    good, bad, other = run(three())
+    assert (good, other) == ([2], [10]) and isinstance(bad, RuntimeError)
+    assert record.batches == [[1, 3, 5], [1], [3], [5]]
+
+
+def test_without_retry_alone_every_item_of_a_failed_batch_fails():
+    record = Recorder(fails=(3,))
+    batcher = MicroBatcher(record, size=2, max_wait_s=LONG)
+
+    async def two():
+        return await asyncio.gather(batcher.submit([1]), batcher.submit([3]), return_exceptions=True)
+
+    assert all(isinstance(result, RuntimeError) for result in run(two()))
+    assert record.batches == [[1, 3]]
+
+
+def test_a_batch_function_giving_the_wrong_number_of_results_fails_its_batch():
+    async def short(items):
+        return items[:-1]
+
+    batcher = MicroBatcher(short, size=2, max_wait_s=LONG)
+
+    async def two():
+        return await asyncio.gather(batcher.submit([1]), batcher.submit([2]), return_exceptions=True)
+
+    assert [str(e) for e in run(two())] == ["a batch of 2 items gave 1 results"] * 2
+
+
+def test_an_item_whose_caller_went_away_is_not_run():
+    record = Recorder()
+    batcher = MicroBatcher(record, size=3, max_wait_s=0.2)
+
+    async def one_leaves():
+        leaving = asyncio.create_task(batcher.submit([1]))
+        staying = asyncio.create_task(batcher.submit([2]))
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        return await staying
+
+    assert run(one_leaves()) == [4]
+    assert record.batches == [[2]]
+
+
+def test_run_now_runs_its_items_alone_and_at_once():
+    record = Recorder()
+    batcher = MicroBatcher(record, size=10, max_wait_s=LONG)
+    assert run(batcher.run_now([1, 2])) == [2, 4]
+    assert record.batches == [[1, 2]]
+
+
+def test_one_batcher_serves_one_event_loop_after_another():
+    """A policy outlives the event loops of its runs (a training step each): the batcher works in each."""
+    record = Recorder()
+    batcher = MicroBatcher(record, size=2, max_wait_s=LONG)
+
+    async def two(first: int):
+        return await asyncio.gather(batcher.submit([first]), batcher.submit([first + 1]))
+
+    assert run(two(1)) == [[2], [4]]
+    assert run(two(5)) == [[10], [12]]
+    assert record.batches == [[1, 2], [5, 6]]
+
+
+def test_a_caller_that_goes_away_mid_batch_leaves_the_others_their_results():
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(items):
+        started.set()
+        await release.wait()
+        return items
+
+    batcher = MicroBatcher(slow, size=2, max_wait_s=LONG)
+
+    async def one_leaves_mid_batch():
+        leaving = asyncio.create_task(batcher.submit([1]))
+        staying = asyncio.create_task(batcher.submit([2]))
+        await started.wait()
+        leaving.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        return await staying, await batcher.submit([3, 4])  # and the batcher still works
+
+    assert run(one_leaves_mid_batch()) == ([2], [3, 4])
