@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
-from langgraph.graph.state import CompiledStateGraph
 from pydantic import BaseModel, Field
 
-from ps_agent.configuration import AgentConfig
-from ps_agent.graph import build_graph
+from ps_agent.context import Context
+from ps_agent.graph import graph_for
+from ps_agent.runner import run_sync
 
 
 class _Question(BaseModel):
@@ -33,14 +33,14 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     """
 
     def __init__(self, llm: Any = None, retriever: Any = None, **config: Any) -> None:
-        self.config = AgentConfig(**config)
-        self.graph: CompiledStateGraph = build_graph(llm=llm, retriever=retriever, config=self.config)
+        self.context = Context(**{"llm": llm, "corpus": retriever} | config)
+        #: the compiled graph with this agent's context and run limits bound: it runs alone or as a subgraph
+        self.graph: Runnable[dict[str, Any], dict[str, Any]] = graph_for(self.context)
 
-    def _config(self, config: RunnableConfig | None) -> RunnableConfig:
-        turns = self.config.with_overrides(config).max_turns
-        # prepare + finish + per turn think and observe, with room for the forced turn
-        defaults: RunnableConfig = {"max_concurrency": self.config.max_concurrency, "recursion_limit": 4 * turns + 10}
-        return merge_configs(defaults, config)
+    def _run(self, config: RunnableConfig | None) -> tuple[RunnableConfig, Context]:
+        """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied."""
+        context = self.context.with_overrides(config)
+        return merge_configs(context.limits, config), context
 
     @staticmethod
     def _input(input: dict[str, Any] | str) -> dict[str, Any]:
@@ -49,23 +49,28 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     def invoke(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        return self.graph.invoke(self._input(input), self._config(config), **kwargs)
+        """``ainvoke`` on the shared event loop (``run_sync``): one hop to the loop per run, where the graph's own
+        sync ``invoke`` takes one per node."""
+        return run_sync(self.ainvoke(input, config, **kwargs))
 
     async def ainvoke(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        return await self.graph.ainvoke(self._input(input), self._config(config), **kwargs)
+        config, context = self._run(config)
+        return await self.graph.ainvoke(self._input(input), config, context=context, **kwargs)
 
     def stream(self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         """The graph's stream: with the default ``stream_mode="updates"``, one item per node run."""
         kwargs.setdefault("stream_mode", "updates")
-        yield from self.graph.stream(self._input(input), self._config(config), **kwargs)
+        config, context = self._run(config)
+        yield from self.graph.stream(self._input(input), config, context=context, **kwargs)
 
     async def astream(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         kwargs.setdefault("stream_mode", "updates")
-        async for chunk in self.graph.astream(self._input(input), self._config(config), **kwargs):
+        config, context = self._run(config)
+        async for chunk in self.graph.astream(self._input(input), config, context=context, **kwargs):
             yield chunk
 
     def as_tool(
@@ -88,5 +93,7 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         )
 
     def __repr__(self) -> str:
-        settings = {k: v for k, v in asdict(self.config).items() if k not in ("llm", "corpus")}
+        settings = {
+            f.name: getattr(self.context, f.name) for f in fields(self.context) if f.name not in ("llm", "corpus")
+        }
         return f"ParallelSearchAgent({settings})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from langchain_core.runnables import RunnableConfig
@@ -16,28 +16,54 @@ MAX_TOPK = 50  # one observation is topk passages per sub-query: beyond this it 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """How the agent runs. Every field can be set per run in ``config["configurable"]``.
+    """How the agent runs: each field can be set per run in ``config["configurable"]`` (or a LangGraph run's
+    ``context``), and its description is what Studio shows.
 
     ``demonstration`` puts a one-shot demonstration before the prompt (not in the paper; for small
-    untrained models). ``llm`` and ``corpus`` are specs (see ``ps_agent.llms`` and ``ps_agent.retrieval``); when
-    unset, the agent's own model and retriever are used, or the embedded defaults.
+    untrained models). ``llm`` and ``corpus`` are specs (see ``ps_agent.llms`` and ``ps_agent.retrieval``) or
+    objects; when unset, the embedded defaults.
     """
 
-    mode: Mode = "parallel"
-    protocol: Protocol = "tags"
-    max_turns: int = 4
-    topk: int = 3
-    max_parallel: int = 8
-    max_new_tokens: int = 256
-    max_question_chars: int = 2000
-    search_timeout_s: float = 10.0
-    search_retries: int = 2
-    search_backoff_s: float = 0.2
-    search_rate_limit: int | None = None
-    max_concurrency: int = 16
-    demonstration: bool = False
-    llm: Any = None
-    corpus: Any = None
+    mode: Mode = field(
+        default="parallel",
+        metadata={"description": "parallel: the paper's prompt, ## sub-queries; sequential: Search-R1's prompt"},
+    )
+    protocol: Protocol = field(
+        default="tags",
+        metadata={"description": "tags: <search>/<answer> text, token-exact; tools: native tool calling"},
+    )
+    max_turns: int = field(default=4, metadata={"description": "turns that may search, before one forced answer turn"})
+    topk: int = field(default=3, metadata={"description": "passages per sub-query"})
+    max_parallel: int = field(
+        default=8, metadata={"description": "sub-queries searched per round; the rest are capped and the model is told"}
+    )
+    max_new_tokens: int = field(default=256, metadata={"description": "tokens per model turn"})
+    max_question_chars: int = field(
+        default=2000, metadata={"description": "longer questions are truncated, with a warning"}
+    )
+    search_timeout_s: float = field(default=10.0, metadata={"description": "seconds per search attempt"})
+    search_retries: int = field(
+        default=2, metadata={"description": "retries of a failed search, with exponential backoff"}
+    )
+    search_backoff_s: float = field(default=0.2, metadata={"description": "first backoff between retries, in seconds"})
+    search_rate_limit: int | None = field(
+        default=None, metadata={"description": "searches per second per retrieval backend (off when unset)"}
+    )
+    max_concurrency: int = field(
+        default=16, metadata={"description": "LangGraph's max_concurrency: parallel searches and batch runs"}
+    )
+    demonstration: bool = field(
+        default=False,
+        metadata={"description": "a one-shot demonstration before the prompt (for small untrained models)"},
+    )
+    llm: Any = field(
+        default=None,
+        metadata={"description": "an LLM spec: smollm2 (default), smollm2-base, hf:PATH, vllm:URL, provider:model"},
+    )
+    corpus: Any = field(
+        default=None,
+        metadata={"description": "a retriever spec: embedded (default), a corpus jsonl, an index folder, a server URL"},
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in ("parallel", "sequential"):
@@ -59,6 +85,12 @@ class AgentConfig:
                 f"search_retries and search_backoff_s must be finite and >= 0, got {self.search_retries!r} "
                 f"and {self.search_backoff_s!r}"
             )
+
+    @property
+    def limits(self) -> RunnableConfig:
+        """LangGraph's run limits for these settings: ``max_concurrency``, and a recursion limit that fits
+        ``max_turns`` (prepare and finish, think and observe per turn, with room for the forced turn)."""
+        return {"max_concurrency": self.max_concurrency, "recursion_limit": 4 * self.max_turns + 10}
 
     def with_overrides(self, config: RunnableConfig | None) -> AgentConfig:
         """This config with the known keys of ``config["configurable"]`` applied."""

@@ -1,8 +1,11 @@
-"""build_graph(): the think → search ×k → observe → … → finish state machine.
+"""The agent's graph: module-level nodes that read ``runtime.context`` (a ``Context``), then the wiring.
 
 START → prepare → think ─┬─ search ×k (one Send per distinct sub-query, in parallel) → observe → think
-                         ├─ observe (invalid action: Search-R1's message) → think
+                         ├─ observe (invalid action: the protocol's retry message) → think
                          └─ finish (an answer, or the forced answer after max_turns) → END
+
+``think`` speaks the policy protocol the context names: ``tags`` (Search-R1's text, ``<search> a ## b </search>``,
+token-exact) or ``tools`` (native tool calling: the ``search`` calls of one message are one round).
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol
 
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, get_buffer_string
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.messages import HumanMessage, ToolMessage, get_buffer_string
+from langchain_core.runnables import Runnable
+from langgraph._internal._runnable import RunnableCallable  # LangGraph's node wrapper: a sync and an async function
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from ps_agent.configuration import AgentConfig
-from ps_agent.llms import Completion, resolve_chat_model, resolve_text_policy, token_cap
+from ps_agent.context import Context
+from ps_agent.llms import Completion, token_cap
 from ps_agent.protocol import (
     FORCED_ANSWER_PROMPT,
     INVALID_ACTION_MESSAGE,
@@ -36,7 +42,7 @@ from ps_agent.protocol import (
     render_information,
     render_prompt,
 )
-from ps_agent.retrieval import resilient_search, resolve_retriever
+from ps_agent.retrieval import resilient_search
 from ps_agent.runner import run_sync
 from ps_agent.state import (
     AgentState,
@@ -51,6 +57,7 @@ from ps_agent.state import (
     stats_of,
     trajectory_of,
 )
+from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
 
@@ -79,264 +86,337 @@ class AgentError(RuntimeError):
         self.stats = stats
 
 
-def _node(afunc: Callable[..., Awaitable[dict[str, Any]]]) -> RunnableLambda:
-    """An async node that also runs under the graph's sync ``invoke``/``stream`` (on the shared loop)."""
-
-    def func(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return run_sync(afunc(state, config))
-
-    return RunnableLambda(func, afunc=afunc, name=afunc.__name__)
+# --- the two policy protocols behind one interface ----------------------------------------------
 
 
-def _distinct(queries: list[str]) -> list[str]:
-    return list(dict.fromkeys(queries))
+@dataclass(frozen=True)
+class Turn:
+    """What one model turn wrote (``update``: its transcript segments or messages) and what it asked for."""
+
+    completion: Completion
+    action: Literal["search", "answer", "invalid", "forced_answer"]
+    update: dict[str, Any]
+    answer: str | None = None
+    sub_queries: list[str] = field(default_factory=list)
+    tool_call_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class PolicyProtocol(Protocol):
+    """How the agent talks to its model: the prompt, one turn, and what the model reads back."""
+
+    def load(self, context: Context) -> object:
+        """The model this protocol calls, resolved (and loaded: a first call may take seconds)."""
+
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        """The prompt of a run, as state."""
+
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        """One model turn; ``forced``: the last one, which must answer."""
+
+    def retry(self) -> dict[str, Any]:
+        """What the model reads after an invalid turn."""
+
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        """What the model reads after a search round."""
 
 
 def _env(text: str) -> Segment:
     return {"role": "env", "text": text, "token_ids": None}
 
 
-def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | None = None) -> CompiledStateGraph:
-    """Compile the agent graph. ``llm``/``retriever`` are objects or specs; ``configurable`` overrides them."""
-    defaults = config or AgentConfig()
+class TagsProtocol:
+    """Search-R1's text protocol: ``<search>``/``<answer>`` in the text of a ``TextPolicy`` (token ids kept)."""
 
-    def settings(runnable_config: RunnableConfig | None) -> AgentConfig:
-        return defaults.with_overrides(runnable_config)
+    def load(self, context: Context) -> object:
+        return context.policy
 
-    def llm_spec(cfg: AgentConfig) -> Any:
-        return cfg.llm if cfg.llm is not None else llm
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        return {
+            "prompt": render_prompt(question, context.mode),
+            "prompt_messages": render_chat_prompt(question, context.mode, context.demonstration),
+        }
 
-    def search_backend(cfg: AgentConfig) -> Any:
-        return resolve_retriever(cfg.corpus if cfg.corpus is not None else retriever)
-
-    async def prepare(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
-        cfg = settings(config)
-        question = state.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question is empty: expected a non-empty string, got {question!r}")
-        try:
-            question.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"question is not valid text: {exc.object[exc.start : exc.end]!a} at character {exc.start} "
-                "(a lone surrogate, e.g. undecodable bytes); expected UTF-8 text"
-            ) from None
-        question = question.strip()
-        truncated = len(question) > cfg.max_question_chars
-        if truncated:
-            logger.warning(
-                "question of %d characters truncated to max_question_chars=%d", len(question), cfg.max_question_chars
-            )
-            question = question[: cfg.max_question_chars]
-        # fail fast on a missing corpus or model, and load both before the first turn (off the event loop)
-        await asyncio.to_thread(search_backend, cfg)
-        update: dict[str, Any] = {"question": question, "truncated": truncated, "started_at": time.time()}
-        if cfg.protocol == "tools":
-            await asyncio.to_thread(resolve_chat_model, llm_spec(cfg))
-            hint = TOOLS_PARALLEL_HINT if cfg.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
-            update["prompt"] = TOOLS_PROMPT.format(parallel_hint=hint, question=question)
-            update["messages"] = [HumanMessage(update["prompt"])]
-        else:
-            await asyncio.to_thread(resolve_text_policy, llm_spec(cfg), cfg.mode)
-            update["prompt"] = render_prompt(question, cfg.mode)
-            update["prompt_messages"] = render_chat_prompt(question, cfg.mode, cfg.demonstration)
-        return update
-
-    async def think(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
-        cfg = settings(config)
-        turn = len(state.get("llm_calls", []))
-        forced = turn >= cfg.max_turns
-        started = time.perf_counter()
-        try:
-            if cfg.protocol == "tools":
-                update = await _think_tools(state, cfg, forced)
-            else:
-                update = await _think_tags(state, cfg, forced)
-        except Exception as exc:
-            raise AgentError(
-                f"LLM call failed on turn {turn + 1}: {type(exc).__name__}: {exc}",
-                trajectory_of(state, cfg.mode, cfg.protocol),
-                stats_of(state),
-            ) from exc
-        update["llm_calls"][0].update(turn=turn + 1, latency_s=time.perf_counter() - started)
-        return update
-
-    async def _think_tags(state: AgentState, cfg: AgentConfig, forced: bool) -> dict[str, Any]:
-        policy = resolve_text_policy(llm_spec(cfg), cfg.mode)
-        new: list[Segment] = [_env(FORCED_ANSWER_PROMPT)] if forced else []
-        transcript = state.get("transcript", []) + new
-        stop = ["</answer>"] if forced else list(STOP_SEQUENCES)
-        completion = await policy.acomplete(
-            state["prompt_messages"], transcript, stop=stop, max_tokens=cfg.max_new_tokens
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        new = [_env(FORCED_ANSWER_PROMPT)] if forced else []
+        completion = await context.policy.acomplete(
+            state["prompt_messages"],
+            state.get("transcript", []) + new,
+            stop=["</answer>"] if forced else list(STOP_SEQUENCES),
+            max_tokens=context.max_new_tokens,
         )
-        new.append({"role": "model", "text": completion.text, "token_ids": completion.token_ids})
-        update: dict[str, Any] = {"transcript": new}
+        update = {"transcript": [*new, Segment(role="model", text=completion.text, token_ids=completion.token_ids)]}
         if forced:
-            update["answer"] = parse_forced_answer(completion.text)
-            update["llm_calls"] = [_llm_call(completion, "forced_answer", None)]
-            return update
-        action = parse_action(completion.text, cfg.mode)
-        update["llm_calls"] = [_llm_call(completion, action.kind, action.error)]
-        if action.kind == "answer":
-            update["answer"] = action.content
-        else:
-            update["pending"] = _pending(cfg, action.kind, list(action.sub_queries), [])
-        return update
+            return Turn(completion, "forced_answer", update, answer=parse_forced_answer(completion.text))
+        action = parse_action(completion.text, context.mode)
+        answer = action.content if action.kind == "answer" else None
+        return Turn(completion, action.kind, update, answer, sub_queries=list(action.sub_queries), error=action.error)
 
-    async def _think_tools(state: AgentState, cfg: AgentConfig, forced: bool) -> dict[str, Any]:
-        model = resolve_chat_model(llm_spec(cfg))
-        messages = list(state["messages"])
+    def retry(self) -> dict[str, Any]:
+        return {"transcript": [_env(INVALID_ACTION_MESSAGE)]}
+
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        note = None
+        if pending["capped_from"]:
+            note = (
+                f"Only the first {context.max_parallel} of {pending['capped_from']} sub-queries were searched "
+                f"(max_parallel={context.max_parallel})."
+            )
+        return {"transcript": [_env(render_information(list(results.values()), note))]}
+
+
+class ToolsProtocol:
+    """Native tool calling: a chat model calls the ``search`` tool, once per sub-query, in one message."""
+
+    def load(self, context: Context) -> object:
+        return context.chat_model
+
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        hint = TOOLS_PARALLEL_HINT if context.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
+        prompt = TOOLS_PROMPT.format(parallel_hint=hint, question=question)
+        return {"prompt": prompt, "messages": [HumanMessage(prompt)]}
+
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        model = context.chat_model
         new = [HumanMessage(TOOLS_FORCED_MESSAGE)] if forced else []
         runnable = model if forced else model.bind_tools([SEARCH_TOOL])
-        reply: AIMessage = await runnable.ainvoke(messages + new, **token_cap(model, cfg.max_new_tokens))
-        new.append(reply)
+        reply = await runnable.ainvoke(state["messages"] + new, **token_cap(model, context.max_new_tokens))
         usage = reply.usage_metadata or {}
         completion = Completion(
-            text=reply.text + "".join(json.dumps(c["args"]) for c in reply.tool_calls),
-            prompt_text=get_buffer_string(messages),
+            text=reply.text + "".join(json.dumps(call["args"]) for call in reply.tool_calls),
+            prompt_text=get_buffer_string(state["messages"]),
             prompt_tokens=usage.get("input_tokens"),
             completion_tokens=usage.get("output_tokens"),
             finish_reason=reply.response_metadata.get("finish_reason"),
         )
-        update: dict[str, Any] = {"messages": new}
+        update = {"messages": [*new, reply]}
         if reply.tool_calls and not forced:
             queries = [str(call["args"].get("query", "")).strip() for call in reply.tool_calls]
-            update["pending"] = _pending(cfg, "search", queries, [call["id"] for call in reply.tool_calls])
-            update["llm_calls"] = [_llm_call(completion, "search", None)]
-        elif reply.text.strip():
-            update["answer"] = parse_forced_answer(reply.text)
-            update["llm_calls"] = [_llm_call(completion, "forced_answer" if forced else "answer", None)]
-        elif forced:
-            update["answer"] = ""
-            update["llm_calls"] = [_llm_call(completion, "forced_answer", "empty final answer")]
-        else:
-            update["pending"] = _pending(cfg, "invalid", [], [])
-            update["llm_calls"] = [_llm_call(completion, "invalid", "no tool call and no answer")]
-        return update
+            ids = [call["id"] for call in reply.tool_calls]
+            return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids)
+        if reply.text.strip():
+            action = "forced_answer" if forced else "answer"
+            return Turn(completion, action, update, answer=parse_forced_answer(reply.text))
+        if forced:
+            return Turn(completion, "forced_answer", update, answer="", error="empty final answer")
+        return Turn(completion, "invalid", update, error="no tool call and no answer")
 
-    def route(state: AgentState) -> list[Send] | str:
-        if state.get("answer") is not None:
-            return "finish"
-        pending = state["pending"]
-        if pending["kind"] == "search" and pending["searched"]:
-            return [Send("search", SearchTask(index=i, sub_query=q)) for i, q in enumerate(pending["searched"])]
-        return "observe"
+    def retry(self) -> dict[str, Any]:
+        return {"messages": [HumanMessage(TOOLS_INVALID_MESSAGE)]}
 
-    async def search(task: SearchTask, config: RunnableConfig) -> dict[str, Any]:
-        cfg = settings(config)
-        outcome = await resilient_search(
-            search_backend(cfg),
-            task["sub_query"],
-            cfg.topk,
-            timeout_s=cfg.search_timeout_s,
-            retries=cfg.search_retries,
-            backoff_s=cfg.search_backoff_s,
-            rate_limit=cfg.search_rate_limit,
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        calls = zip(pending["sub_queries"], pending["tool_call_ids"], strict=True)
+        return {"messages": [ToolMessage(self._result(q, results, context), tool_call_id=i) for q, i in calls]}
+
+    @staticmethod
+    def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
+        if not query:
+            return "Search failed: empty query."
+        if query not in results:
+            if context.mode == "sequential":
+                return "Not searched: one search per turn in sequential mode."
+            return f"Not searched: at most {context.max_parallel} searches per round (max_parallel)."
+        return render_information([results[query]]).strip()
+
+
+PROTOCOLS: dict[str, PolicyProtocol] = {"tags": TagsProtocol(), "tools": ToolsProtocol()}
+
+
+# --- the nodes ----------------------------------------------------------------------------------
+
+
+async def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """Check the question and load the model and retriever (off the event loop, failing fast) before turn one."""
+    context = runtime.context
+    question = state.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question is empty: expected a non-empty string, got {question!r}")
+    if found := lone_surrogates(question):
+        raise ValueError(
+            f"question is not valid text: {found[0]!a} at character {found[1]} "
+            "(a lone surrogate, e.g. undecodable bytes); expected UTF-8 text"
         )
-        if outcome.error:
-            logger.warning("search for %r failed: %s", task["sub_query"], outcome.error)
-        hit = SubQueryResult(
-            index=task["index"],
-            sub_query=task["sub_query"],
-            passages=[{"id": p.id, "title": p.title, "score": p.score} for p in outcome.passages],
-            texts=[(p.title, p.text) for p in outcome.passages],
-            error=outcome.error,
-            attempts=outcome.attempts,
-            latency_s=outcome.latency_s,
+    question = question.strip()
+    truncated = len(question) > context.max_question_chars
+    if truncated:
+        logger.warning(
+            "question of %d characters truncated to max_question_chars=%d", len(question), context.max_question_chars
         )
-        return {"hits": [hit]}
-
-    async def observe(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
-        cfg = settings(config)
-        pending = state["pending"]
-        if pending["kind"] == "invalid":
-            if cfg.protocol == "tools":
-                return {"messages": [HumanMessage(TOOLS_INVALID_MESSAGE)], "pending": None}
-            return {"transcript": [_env(INVALID_ACTION_MESSAGE)], "pending": None}
-        hits = sorted(state.get("hits", []), key=lambda h: h["index"])
-        results = {h["sub_query"]: SubQueryObservation(h["sub_query"], h["texts"], h["error"]) for h in hits}
-        record = SearchRound(
-            round=len(state.get("search_rounds", [])) + 1,
-            sub_queries=pending["sub_queries"],
-            searched=pending["searched"],
-            capped_from=pending["capped_from"],
-            results=[{k: v for k, v in h.items() if k != "texts"} for h in hits],  # type: ignore[misc]
-            latency_s=time.perf_counter() - pending["started_at"],
-        )
-        update: dict[str, Any] = {"search_rounds": [record], "hits": None, "pending": None}
-        if cfg.protocol == "tools":
-            update["messages"] = [
-                ToolMessage(_tool_observation(cfg, pending, query, results), tool_call_id=call_id)
-                for query, call_id in zip(pending["sub_queries"], pending["tool_call_ids"], strict=True)
-            ]
-            return update
-        note = None
-        if pending["capped_from"]:
-            note = (
-                f"Only the first {cfg.max_parallel} of {pending['capped_from']} sub-queries were searched "
-                f"(max_parallel={cfg.max_parallel})."
-            )
-        update["transcript"] = [_env(render_information(list(results.values()), note))]
-        return update
-
-    async def finish(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
-        cfg = settings(config)
-        return {"trajectory": trajectory_of(state, cfg.mode, cfg.protocol), "stats": stats_of(state)}
-
-    builder = StateGraph(AgentState, input_schema=InputState, output_schema=OutputState)
-    builder.add_node("prepare", _node(prepare))
-    builder.add_node("think", _node(think))
-    builder.add_node("search", _node(search), input_schema=SearchTask)
-    builder.add_node("observe", _node(observe))
-    builder.add_node("finish", _node(finish))
-    builder.add_edge(START, "prepare")
-    builder.add_edge("prepare", "think")
-    builder.add_conditional_edges("think", route, ["search", "observe", "finish"])
-    builder.add_edge("search", "observe")
-    builder.add_edge("observe", "think")
-    builder.add_edge("finish", END)
-    return builder.compile(name="parallel_search")
+        question = question[: context.max_question_chars]
+    protocol = PROTOCOLS[context.protocol]
+    await asyncio.to_thread(getattr, context, "retriever")
+    await asyncio.to_thread(protocol.load, context)
+    return {
+        "question": question,
+        "truncated": truncated,
+        "started_at": time.time(),
+        **protocol.start(question, context),
+    }
 
 
-def _llm_call(completion: Completion, action: str, error: str | None) -> LLMCall:
-    return LLMCall(
-        turn=0,
-        prompt=completion.prompt_text,
-        completion=completion.text,
-        prompt_tokens=completion.prompt_tokens,
-        completion_tokens=completion.completion_tokens,
-        completion_ids=completion.token_ids,
-        logprobs=completion.logprobs,
-        finish_reason=completion.finish_reason,
-        action=action,  # type: ignore[typeddict-item]
-        error=error,
-        latency_s=0.0,
+async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """One model turn: an answer (→ finish), a search round (→ search ×k), or an invalid action (→ observe)."""
+    context = runtime.context
+    number = len(state.get("llm_calls", [])) + 1
+    started = time.perf_counter()
+    try:
+        turn = await PROTOCOLS[context.protocol].think(state, context, forced=number > context.max_turns)
+    except Exception as exc:
+        raise AgentError(
+            f"LLM call failed on turn {number}: {type(exc).__name__}: {exc}",
+            trajectory_of(state, context.mode, context.protocol),
+            stats_of(state),
+        ) from exc
+    call = LLMCall(
+        turn=number,
+        prompt=turn.completion.prompt_text,
+        completion=turn.completion.text,
+        prompt_tokens=turn.completion.prompt_tokens,
+        completion_tokens=turn.completion.completion_tokens,
+        completion_ids=turn.completion.token_ids,
+        logprobs=turn.completion.logprobs,
+        finish_reason=turn.completion.finish_reason,
+        action=turn.action,
+        error=turn.error,
+        latency_s=time.perf_counter() - started,
     )
+    if turn.answer is not None:
+        return {**turn.update, "llm_calls": [call], "answer": turn.answer}
+    return {**turn.update, "llm_calls": [call], "pending": _pending(turn, context)}
 
 
-def _pending(cfg: AgentConfig, kind: str, sub_queries: list[str], tool_call_ids: list[str]) -> PendingRound:
-    """The round an action asks for: at most ``max_parallel`` sub-queries (one in sequential
-    tool calling), each distinct non-empty query searched once."""
-    limit = 1 if cfg.protocol == "tools" and cfg.mode == "sequential" else cfg.max_parallel
-    capped = len(sub_queries) > limit
+def _pending(turn: Turn, context: Context) -> PendingRound:
+    """The round a turn asks for: each distinct non-empty sub-query once, at most ``max_parallel`` (one in
+    sequential mode, where a message of several tool calls gets only its first searched)."""
+    limit = 1 if context.mode == "sequential" else context.max_parallel
+    capped = context.mode == "parallel" and len(turn.sub_queries) > limit
     return PendingRound(
-        kind=kind,  # type: ignore[typeddict-item]
-        sub_queries=sub_queries,
-        searched=_distinct([q for q in sub_queries[:limit] if q]),
-        capped_from=len(sub_queries) if capped and cfg.mode == "parallel" else None,
-        tool_call_ids=tool_call_ids,
+        kind="search" if turn.action == "search" else "invalid",
+        sub_queries=turn.sub_queries,
+        searched=list(dict.fromkeys(q for q in turn.sub_queries[:limit] if q)),
+        capped_from=len(turn.sub_queries) if capped else None,
+        tool_call_ids=turn.tool_call_ids,
         started_at=time.perf_counter(),
     )
 
 
-def _tool_observation(
-    cfg: AgentConfig, pending: PendingRound, query: str, results: dict[str, SubQueryObservation]
-) -> str:
-    """The tool message for one tool call of a round."""
-    if not query:
-        return "Search failed: empty query."
-    if query not in results:
-        if cfg.mode == "sequential":
-            return "Not searched: one search per turn in sequential mode."
-        return f"Not searched: at most {cfg.max_parallel} searches per round (max_parallel)."
-    return render_information([results[query]]).strip()
+def route(state: AgentState) -> list[Send] | str:
+    """After ``think``: finish on an answer, fan out one ``search`` per sub-query, or observe an invalid turn."""
+    if state.get("answer") is not None:
+        return "finish"
+    pending = state["pending"]
+    if pending["kind"] == "search" and pending["searched"]:
+        return [Send("search", SearchTask(index=i, sub_query=q)) for i, q in enumerate(pending["searched"])]
+    return "observe"
+
+
+async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
+    """One sub-query on its own branch, so a round's searches run concurrently; a failure is recorded, not raised."""
+    context = runtime.context
+    outcome = await resilient_search(
+        context.retriever,
+        task["sub_query"],
+        context.topk,
+        timeout_s=context.search_timeout_s,
+        retries=context.search_retries,
+        backoff_s=context.search_backoff_s,
+        rate_limit=context.search_rate_limit,
+        backend=context.backend,
+    )
+    if outcome.error:
+        logger.warning("search for %r failed: %s", task["sub_query"], outcome.error)
+    hit = SubQueryResult(
+        index=task["index"],
+        sub_query=task["sub_query"],
+        passages=[{"id": p.id, "title": p.title, "score": p.score} for p in outcome.passages],
+        texts=[(p.title, p.text) for p in outcome.passages],
+        error=outcome.error,
+        attempts=outcome.attempts,
+        latency_s=outcome.latency_s,
+    )
+    return {"hits": [hit]}
+
+
+async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """The round's results, in sub-query order, as the model reads them, and the round's record."""
+    context = runtime.context
+    protocol = PROTOCOLS[context.protocol]
+    pending = state["pending"]
+    if pending["kind"] == "invalid":
+        return {**protocol.retry(), "pending": None}
+    hits = sorted(state.get("hits", []), key=lambda h: h["index"])
+    results = {h["sub_query"]: SubQueryObservation(h["sub_query"], h["texts"], h["error"]) for h in hits}
+    record = SearchRound(
+        round=len(state.get("search_rounds", [])) + 1,
+        sub_queries=pending["sub_queries"],
+        searched=pending["searched"],
+        capped_from=pending["capped_from"],
+        results=[{k: v for k, v in h.items() if k != "texts"} for h in hits],  # type: ignore[misc]
+        latency_s=time.perf_counter() - pending["started_at"],
+    )
+    update = protocol.observation(pending, results, context)
+    return {**update, "search_rounds": [record], "hits": None, "pending": None}
+
+
+async def finish(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
+    """The run's trajectory and stats, from the records alone."""
+    context = runtime.context
+    return {"trajectory": trajectory_of(state, context.mode, context.protocol), "stats": stats_of(state)}
+
+
+# --- the wiring ---------------------------------------------------------------------------------
+
+_DEFAULTS = Context()
+
+
+def _node(afunc: Callable[[Any, Runtime[Context]], Awaitable[dict[str, Any]]]) -> RunnableCallable:
+    """``afunc`` as a node that also runs under the graph's sync ``invoke``/``stream`` (on the shared loop,
+    ``run_sync``), wrapped as LangGraph wraps a function node (its runtime injected, no trace run of its own:
+    a ``RunnableLambda`` costs ~1 ms more per turn); a run given no context runs on the defaults, as Studio's
+    runs with no settings do."""
+
+    def given(runtime: Runtime[Context]) -> Runtime[Context]:
+        return runtime if runtime.context is not None else runtime.override(context=_DEFAULTS)
+
+    async def acall(state: Any, runtime: Runtime[Context]) -> dict[str, Any]:
+        return await afunc(state, given(runtime))
+
+    def call(state: Any, runtime: Runtime[Context]) -> dict[str, Any]:
+        return run_sync(afunc(state, given(runtime)))
+
+    return RunnableCallable(call, acall, name=afunc.__name__, trace=False)
+
+
+builder = StateGraph(AgentState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
+builder.add_node(_node(prepare))
+builder.add_node(_node(think))
+builder.add_node(_node(search), input_schema=SearchTask)
+builder.add_node(_node(observe))
+builder.add_node(_node(finish))
+builder.add_edge(START, "prepare")
+builder.add_edge("prepare", "think")
+builder.add_conditional_edges("think", route, ["search", "observe", "finish"])
+builder.add_edge("search", "observe")
+builder.add_edge("observe", "think")
+builder.add_edge("finish", END)
+graph = builder.compile(name="parallel_search")
+
+
+def graph_for(context: Context) -> Runnable[dict[str, Any], dict[str, Any]]:
+    """``graph`` with ``context`` and its run limits bound: it runs alone or as a subgraph; a run's own
+    ``context=`` replaces the bound one."""
+    return graph.bind(context=context).with_config(context.limits)
+
+
+def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | None = None) -> Runnable:
+    """``graph`` bound to ``config``'s settings on ``llm`` and ``retriever`` (objects or specs; ``config.llm`` and
+    ``config.corpus`` win when set)."""
+    settings = {f.name: getattr(config, f.name) for f in fields(config)} if config else {}
+    given = {name: value for name, value in settings.items() if value is not None}
+    return graph_for(Context(**{"llm": llm, "corpus": retriever} | given))

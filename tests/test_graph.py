@@ -4,10 +4,15 @@ import asyncio
 import time
 
 import pytest
+from langchain_core.documents import Document
 from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.retrievers import BaseRetriever
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 
 from ps_agent import AgentError, ParallelSearchAgent
+from ps_agent.context import Context
+from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
 from tests.doubles import SleepyRetriever, scripted_llm
 
@@ -15,13 +20,39 @@ FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </searc
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 
 
-def test_round_of_four_runs_in_parallel():
-    retriever = SleepyRetriever(delay_s=0.3)
+class InFlightRetriever(SleepyRetriever):
+    """Test double: counts the searches in flight. Each waits (up to 2 s) until ``expect`` have been in flight
+    at once, so a round that runs in parallel reaches ``peak == expect`` on a loaded machine too, and one that
+    does not stays below it."""
+
+    def __init__(self, expect: int) -> None:
+        super().__init__()
+        self.expect, self.in_flight, self.peak = expect, 0, 0
+
+    async def asearch(self, queries, k):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            for _ in range(400):
+                if self.peak >= self.expect:
+                    break
+                await asyncio.sleep(0.005)
+            return await super().asearch(queries, k)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke", "graph.invoke"])
+def test_round_of_four_runs_in_parallel(path):
+    retriever = InFlightRetriever(expect=4)
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever)
-    start = time.perf_counter()
-    out = agent.invoke({"question": "Q?"})
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.6, f"a round of 4 sub-queries at 0.3 s each took {elapsed:.2f} s"
+    runs = {
+        "invoke": lambda: agent.invoke({"question": "Q?"}),
+        "ainvoke": lambda: asyncio.run(agent.ainvoke({"question": "Q?"})),
+        "graph.invoke": lambda: agent.graph.invoke({"question": "Q?"}),  # the graph's own sync path: node by node
+    }
+    out = runs[path]()
+    assert retriever.peak == 4, f"{retriever.peak} of a round's 4 searches were in flight at once"
     assert out["answer"] == "Paris"
     assert sorted(call[0] for call in retriever.calls) == ["a", "b", "c", "d"]
     (record,) = out["trajectory"]["search_rounds"]
@@ -29,16 +60,65 @@ def test_round_of_four_runs_in_parallel():
     assert out["stats"] == out["stats"] | {"llm_calls": 2, "search_rounds": 1, "sub_queries": 4, "decomposed": True}
 
 
-def test_async_round_of_four_runs_in_parallel():
-    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever(delay_s=0.3))
+def test_nodes_run_alone_on_a_context():
+    runtime = Runtime(context=Context(llm=scripted_llm(FOUR), corpus=SleepyRetriever()))
+    state = asyncio.run(prepare({"question": "  Q?  "}, runtime))
+    assert state["question"] == "Q?" and state["prompt_messages"][-1]["content"].endswith("Question: Q?\n")
+    update = asyncio.run(think(state, runtime))
+    (call,) = update["llm_calls"]
+    assert call["turn"] == 1 and call["action"] == "search" and call["latency_s"] > 0
+    assert update["pending"]["searched"] == ["a", "b", "c", "d"]
+    assert [send.arg["sub_query"] for send in route(state | update)] == ["a", "b", "c", "d"]
 
-    async def run():
-        start = time.perf_counter()
-        out = await agent.ainvoke({"question": "Q?"})
-        return out, time.perf_counter() - start
 
-    out, elapsed = asyncio.run(run())
-    assert elapsed < 0.6 and out["answer"] == "Paris"
+def test_the_graph_takes_its_settings_model_and_retriever_from_the_context():
+    retriever = SleepyRetriever()
+    context = {"llm": scripted_llm(FOUR, ANSWER), "corpus": retriever, "mode": "sequential", "topk": 1}
+    out = graph.invoke({"question": "Q?"}, context=context)
+    assert out["trajectory"]["mode"] == "sequential" and retriever.calls == [["a ## b ## c ## d"]]
+    assert len(out["trajectory"]["search_rounds"][0]["results"][0]["passages"]) == 1
+    assert out["answer"] == "Paris"
+
+
+class StampedRetriever(SleepyRetriever):
+    """Test double: a native retriever that records when each search starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[float] = []
+
+    async def asearch(self, queries, k):
+        self.started.append(time.monotonic())
+        return await super().asearch(queries, k)
+
+
+class StampedLangChainRetriever(BaseRetriever):
+    """Test double: a LangChain retriever that records when each search starts."""
+
+    started: list[float] = []  # noqa: RUF012 (a pydantic field: copied per instance)
+
+    def _get_relevant_documents(self, query, *, run_manager=None):
+        self.started.append(time.monotonic())
+        return [Document(page_content=f"Passage about {query}.", metadata={"title": query})]
+
+    async def _aget_relevant_documents(self, query, *, run_manager=None):
+        return self._get_relevant_documents(query)
+
+
+@pytest.mark.parametrize("backend", [StampedRetriever, StampedLangChainRetriever], ids=["native", "langchain"])
+def test_search_rate_limit_is_kept_per_backend_through_the_graph(backend):
+    """Two agents on one backend at 4 searches per second, a round of 4 each: the second round waits a second
+    (the i-th search starts at least i // 4 seconds after the first could)."""
+    retriever = backend()
+    agents = [ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, search_rate_limit=4)]
+    agents.append(ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, search_rate_limit=4))
+    began = time.monotonic()
+    outs = [agent.invoke("Q?") for agent in agents]
+    assert [out["stats"]["failed_searches"] for out in outs] == [0, 0]
+    starts = sorted(retriever.started)
+    assert len(starts) == 8
+    waited = [round(start - began, 2) for start in starts]
+    assert all(start - began >= i // 4 for i, start in enumerate(starts)), f"searches started after {waited} s"
 
 
 def test_sequential_mode_searches_one_query_per_round():

@@ -1,14 +1,16 @@
-"""LangGraph Studio: the real ``langgraph dev`` server serves ``graph`` and completes a run."""
+"""LangGraph Studio: the real ``langgraph dev`` server serves ``graph``, shows its settings and completes a run."""
 
 import asyncio
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from ps_agent import AgentConfig
 from tests.conftest import free_port, wait_for_http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,18 +32,23 @@ def test_langgraph_dev_serves_the_graph(smollm2_path, tmp_path):
     try:
         wait_for_http(f"http://127.0.0.1:{port}/ok", server, timeout_s=120, log=log)
 
-        async def run() -> dict:
+        async def run() -> tuple[dict, dict]:
             client = get_client(url=f"http://127.0.0.1:{port}")
             assistants = await client.assistants.search(graph_id="parallel_search")
             assert assistants, "graph 'parallel_search' is not served"
-            return await client.runs.wait(
+            schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
+            return schemas, await client.runs.wait(
                 None,
                 "parallel_search",
                 input={"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"},
                 config={"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}},
             )
 
-        result = asyncio.run(run())
+        schemas, result = asyncio.run(run())
+        settings = schemas["context_schema"]["properties"]  # what Studio shows as the assistant's settings
+        assert sorted(settings) == sorted(f.name for f in fields(AgentConfig))
+        assert settings["mode"]["enum"] == ["parallel", "sequential"] and settings["topk"]["default"] == 3
+        assert all(setting.get("description") for setting in settings.values())
         assert "__error__" not in result, f"{result}\n{log.read_text()[-3000:]}"
         assert isinstance(result["answer"], str)
         assert result["trajectory"]["mode"] == "sequential"

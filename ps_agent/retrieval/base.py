@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -76,12 +77,20 @@ def _checked(results: object, k: int) -> list[Passage]:
 
 
 _throttlers: dict[tuple[int, int], Throttler] = {}
+_kept: list[object] = []  # backends without weak references: kept alive, so that no other object takes their id
 
 
-def _throttler(retriever: Retriever, rate_limit: int) -> Throttler:
-    key = (id(retriever), rate_limit)
+def throttler_for(backend: object, rate_limit: int) -> Throttler:
+    """The throttler of ``backend`` at ``rate_limit`` searches per second: one per object, shared by every search
+    on it whatever adapter wraps it, and dropped with the object (keyed by identity: LangChain retrievers are
+    unhashable)."""
+    key = (id(backend), rate_limit)
     if key not in _throttlers:
         _throttlers[key] = Throttler(rate_limit=rate_limit, period=1.0)
+        try:
+            weakref.finalize(backend, _throttlers.pop, key, None)
+        except TypeError:  # no weak references (``__slots__``)
+            _kept.append(backend)
     return _throttlers[key]
 
 
@@ -94,14 +103,17 @@ async def resilient_search(
     retries: int = 2,
     backoff_s: float = 0.2,
     rate_limit: int | None = None,
+    backend: object = None,
 ) -> SearchOutcome:
     """Search one query with a per-attempt timeout, exponential backoff and an optional rate limit.
 
+    ``rate_limit`` counts the searches per second on ``backend`` (default: ``retriever``; an adapter's caller
+    passes the object it adapts, so that every adapter of one LangChain retriever shares its limit).
     Never raises for backend faults: a search that fails every attempt returns its reason,
     so the agent can tell the model and go on.
     """
     start = time.perf_counter()
-    throttler = _throttler(retriever, rate_limit) if rate_limit else None
+    throttler = throttler_for(retriever if backend is None else backend, rate_limit) if rate_limit else None
     attempts = 0
 
     async def attempt() -> list[Passage]:

@@ -1,0 +1,43 @@
+"""The graph's runtime context: the agent's settings plus the model and retriever they name.
+
+Every node reads ``runtime.context`` (LangGraph's ``context_schema``), so Studio shows the settings and a run
+sets them with ``graph.invoke(input, context={"mode": "sequential"})`` or ``context=Context(...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from langchain_core.language_models import BaseChatModel
+
+from ps_agent.configuration import AgentConfig
+from ps_agent.llms import TextPolicy, resolve_chat_model, resolve_text_policy
+from ps_agent.retrieval import Retriever, resolve_retriever
+
+
+@dataclass(frozen=True)
+class Context(AgentConfig):
+    """``AgentConfig`` and what its ``llm`` and ``corpus`` resolve to, resolved on first use and kept with the
+    context (an agent keeps one for all its runs; a run with other settings gets its own)."""
+
+    @cached_property
+    def policy(self) -> TextPolicy:
+        """The model of the tags protocol."""
+        return resolve_text_policy(self.llm, self.mode)
+
+    @cached_property
+    def chat_model(self) -> BaseChatModel:
+        """The model of the tools protocol: a chat model with tool calling."""
+        return resolve_chat_model(self.llm)
+
+    @cached_property
+    def retriever(self) -> Retriever:
+        return resolve_retriever(self.corpus)
+
+    @property
+    def backend(self) -> object:
+        """What ``search_rate_limit`` limits: the object given as ``corpus`` (a LangChain retriever, not the
+        adapter around it), or the retriever a spec names (one per spec)."""
+        return self.retriever if self.corpus is None or isinstance(self.corpus, (str, Path)) else self.corpus
