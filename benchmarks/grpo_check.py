@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
-from ps_agent.trajectories import mean, read_trajectories  # noqa: E402
+from ps_agent.trajectories import read_trajectories, summarise  # noqa: E402
 from training.data import load_questions  # noqa: E402
 from training.run_grpo import main as run_grpo  # noqa: E402
 
@@ -71,20 +72,16 @@ def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, 
 
 
 def curves(records: list[dict]) -> list[dict]:
-    """Per-step means of the logged rollouts."""
-    steps = sorted({r["step"] for r in records})
+    """Per-step means of the logged rollouts (``trajectories.summarise`` of each step)."""
     rows = []
-    for step in steps:
-        at = [r for r in records if r["step"] == step]
-        row = {"step": step, "rollouts": len(at)}
-        for k in ("total", "outcome", "decomposition", "search_count", "format"):
-            row[f"reward/{k}"] = mean([r["rewards"][k] for r in at])
-        for cls in ("parallelisable", "sequential"):
-            row[f"decomposed/{cls}"] = mean([float(r["decomposed"]) for r in at if r["question_class"] == cls])
-        row["search_rounds"] = mean([float(r["stats"]["search_rounds"]) for r in at])
-        row["format_valid"] = mean([float(r["format_valid"]) for r in at])
-        row["forced_answer"] = mean([float(r["stats"]["forced_answer"]) for r in at])
-        rows.append(row)
+    for step in sorted({r["step"] for r in records}):
+        summary = summarise([r for r in records if r["step"] == step])
+        rows.append(
+            {"step": step, "rollouts": summary["rollouts"]}
+            | {f"reward/{k}": v for k, v in summary["rewards"].items()}
+            | {f"decomposed/{c}": summary["decomposed_by_class"].get(c) for c in ("parallelisable", "sequential")}
+            | {k: summary[k] for k in ("search_rounds", "format_valid", "forced_answer")}
+        )
     return rows
 
 

@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
+from ps_agent.metrics import behaviour, mean  # noqa: E402
 from ps_agent.questions import read_split  # noqa: E402
 from ps_agent.rewards import QUESTION_CLASSES  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
-from ps_agent.trajectories import mean  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -101,20 +101,20 @@ def policy_for(name: str, mode: str, concurrency: int) -> TransformersPolicy:
 
 
 def table(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The benchmark's numbers for a group of result lines."""
+    """The benchmark's numbers for a group of result lines (percentages of ``metrics.behaviour``'s fractions)."""
     ok = [r for r in records if r["error"] is None]
     if not ok:
         return {"n": len(records), "errors": len(records)}
-    pct = lambda key: 100 * mean([float(r[key]) for r in ok])  # noqa: E731
+    seen = behaviour(ok)
     return {
         "n": len(records),
         "errors": len(records) - len(ok),
-        "format_valid": pct("format_valid"),
-        "decomposed": pct("decomposed"),
-        "em": pct("em"),
-        "f1": pct("f1"),
+        "format_valid": 100 * seen["format_valid"],
+        "decomposed": 100 * seen["decomposed"],
+        "em": 100 * mean([r["em"] for r in ok]),
+        "f1": 100 * mean([r["f1"] for r in ok]),
         "llm_calls": mean([float(r["llm_calls"]) for r in ok]),
-        "forced_answer": pct("forced_answer"),
+        "forced_answer": 100 * seen["forced_answer"],
         "seconds_per_question": mean([r["latency_s"] for r in ok]),
     }
 

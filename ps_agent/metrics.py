@@ -1,11 +1,13 @@
-"""Answer metrics with SQuAD normalisation: exact match, F1 and cover exact match."""
+"""Answer metrics with SQuAD normalisation (exact match, F1, cover exact match), and the aggregation of how a
+group of episodes behaved (format, forced answers, decomposition by question class)."""
 
 from __future__ import annotations
 
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -46,3 +48,32 @@ def f1_score(prediction: str | None, golden_answers: Sequence[str]) -> float:
             precision, recall = common / len(guess), common / len(truth)
             best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """The mean, or None when there is nothing to average."""
+    return sum(values) / len(values) if values else None
+
+
+def behaviour(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How a group of episodes behaved: the fractions that were format-valid, forced and decomposed, the mean
+    number of search rounds, and the decomposed fraction per question class (whether decomposition is learnt).
+
+    Each episode gives ``question_class``, ``format_valid``, ``forced_answer``, ``decomposed`` and
+    ``search_rounds`` (a count), as eval results and the agent's ``stats`` do. The one aggregation behind the
+    rollout metrics, ``ps-agent trajectories show`` and the benchmarks.
+    """
+
+    def share(key: str, of: Sequence[Mapping[str, Any]] = episodes) -> float | None:
+        return mean([float(e[key]) for e in of])
+
+    classes = sorted({e["question_class"] for e in episodes})
+    return {
+        "format_valid": share("format_valid"),
+        "forced_answer": share("forced_answer"),
+        "decomposed": share("decomposed"),
+        "search_rounds": share("search_rounds"),
+        "decomposed_by_class": {
+            c: share("decomposed", [e for e in episodes if e["question_class"] == c]) for c in classes
+        },
+    }

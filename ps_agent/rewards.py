@@ -1,13 +1,16 @@
-"""The paper's reward (arXiv 2508.09303, Eqs. 3–7): pure functions of a trajectory.
+"""The paper's reward (arXiv 2508.09303, Eqs. 3–7): pure functions of a trajectory, and TRL reward functions.
 
 r = r_o + r_d + r_s + r_f — outcome (exact match), decomposition, search count and format. Everything
 is computed from the structured trajectory the agent records, never by re-parsing prompt + response.
+``outcome_reward`` … ``format_reward`` are TRL reward functions: TRL calls them with the dataset columns
+(``golden_answers``, ``question_type``) and the ``trajectory`` field the rollout function returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from ps_agent.metrics import exact_match
@@ -46,6 +49,9 @@ class RewardWeights:
     parallel_bonus: float = 3.0
     search_count: float = 0.35
     format: float = 0.1
+
+
+DEFAULT_WEIGHTS = RewardWeights()
 
 
 def question_class(question_type: str | None) -> QuestionClass:
@@ -89,7 +95,7 @@ def decomposed(trajectory: Mapping[str, Any]) -> bool:
     return any(len(r["searched"]) > 1 for r in trajectory["search_rounds"])
 
 
-def outcome_reward(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:
+def outcome_component(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:
     """r_o: exact match of the answer with any golden answer (SQuAD normalisation). A forced answer earns
     nothing: in training, an answer the environment had to ask for is not an answer."""
     if forced(trajectory):
@@ -97,7 +103,7 @@ def outcome_reward(trajectory: Mapping[str, Any], golden_answers: Sequence[str])
     return exact_match(trajectory.get("answer"), golden_answers)
 
 
-def decomposition_reward(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
+def decomposition_component(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
     """r_d: λd for not splitting a question that should stay whole, α·λd for splitting one that should be
     split (parallelisable and hybrid questions)."""
     split_wanted = should_decompose(question_type)
@@ -109,7 +115,7 @@ def decomposition_reward(trajectory: Mapping[str, Any], question_type: str | Non
     return 0.0
 
 
-def search_count_reward(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
+def search_count_component(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
     """r_s: one search round is ideal for parallelisable and single-hop questions, at least two for
     sequential and hybrid ones."""
     n = len(trajectory["search_rounds"])
@@ -118,7 +124,7 @@ def search_count_reward(trajectory: Mapping[str, Any], question_type: str | None
     return -w.search_count * abs(n - 1)
 
 
-def format_reward(trajectory: Mapping[str, Any], outcome: float, w: RewardWeights) -> float:
+def format_component(trajectory: Mapping[str, Any], outcome: float, w: RewardWeights) -> float:
     """r_f: −λf for a right answer in an invalid format, +λf for a wrong answer in a valid one."""
     valid = format_valid(trajectory)
     if outcome > 0 and not valid:
@@ -132,28 +138,77 @@ def reward_components(
     trajectory: Mapping[str, Any],
     golden_answers: Sequence[str],
     question_type: str | None,
-    weights: RewardWeights | None = None,
+    weights: RewardWeights = DEFAULT_WEIGHTS,
 ) -> dict[str, float]:
-    """Each component and their sum under ``total``."""
-    w = weights or RewardWeights()
-    outcome = outcome_reward(trajectory, golden_answers)
+    """Each component and their sum under ``total`` (the trajectory log records them beside each rollout)."""
+    outcome = outcome_component(trajectory, golden_answers)
     parts = {
         "outcome": outcome,
-        "decomposition": decomposition_reward(trajectory, question_type, w),
-        "search_count": search_count_reward(trajectory, question_type, w),
-        "format": format_reward(trajectory, outcome, w),
+        "decomposition": decomposition_component(trajectory, question_type, weights),
+        "search_count": search_count_component(trajectory, question_type, weights),
+        "format": format_component(trajectory, outcome, weights),
     }
     return parts | {"total": sum(parts.values())}
 
 
-def always_decompose_optimal(class_fractions: Mapping[str, float], weights: RewardWeights | None = None) -> bool:
+# -- TRL reward functions: one per component, so TRL logs each as ``rewards/<name>/mean`` and sums them ----------
+
+
+def outcome_reward(
+    completions: list[Any], trajectory: list[Mapping[str, Any]], golden_answers: list[Sequence[str]], **kwargs: Any
+) -> list[float]:
+    """r_o of each rollout."""
+    return [outcome_component(t, g) for t, g in zip(trajectory, golden_answers, strict=True)]
+
+
+def decomposition_reward(
+    completions: list[Any],
+    trajectory: list[Mapping[str, Any]],
+    question_type: list[str | None],
+    weights: RewardWeights = DEFAULT_WEIGHTS,
+    **kwargs: Any,
+) -> list[float]:
+    """r_d of each rollout."""
+    return [decomposition_component(t, q, weights) for t, q in zip(trajectory, question_type, strict=True)]
+
+
+def search_count_reward(
+    completions: list[Any],
+    trajectory: list[Mapping[str, Any]],
+    question_type: list[str | None],
+    weights: RewardWeights = DEFAULT_WEIGHTS,
+    **kwargs: Any,
+) -> list[float]:
+    """r_s of each rollout."""
+    return [search_count_component(t, q, weights) for t, q in zip(trajectory, question_type, strict=True)]
+
+
+def format_reward(
+    completions: list[Any],
+    trajectory: list[Mapping[str, Any]],
+    golden_answers: list[Sequence[str]],
+    weights: RewardWeights = DEFAULT_WEIGHTS,
+    **kwargs: Any,
+) -> list[float]:
+    """r_f of each rollout (it depends on whether the answer is right)."""
+    return [
+        format_component(t, outcome_component(t, g), weights) for t, g in zip(trajectory, golden_answers, strict=True)
+    ]
+
+
+def reward_functions(weights: RewardWeights = DEFAULT_WEIGHTS) -> list[Callable[..., list[float]]]:
+    """The four TRL reward functions with these weights (``functools.partial``, which TRL names by the function)."""
+    weighted = (decomposition_reward, search_count_reward, format_reward)
+    return [outcome_reward, *(partial(f, weights=weights) for f in weighted)]
+
+
+def always_decompose_optimal(class_fractions: Mapping[str, float], weights: RewardWeights = DEFAULT_WEIGHTS) -> bool:
     """Whether a policy that cannot tell the classes apart earns more r_d by always decomposing than by never
     decomposing, on a training mix with these class fractions.
 
     Always: α·λd·p, never: λd·(1 − p), with p the fraction that should be split (parallelisable + hybrid);
     always-decompose wins when α·p > 1 − p, i.e. p > 1 / (1 + α) (a quarter for the paper's α = 3).
     """
-    w = weights or RewardWeights()
     total = sum(class_fractions.values())
     p = sum(v for k, v in class_fractions.items() if k in ("parallelisable", "hybrid")) / total
-    return w.parallel_bonus * w.decomposition * p > w.decomposition * (1 - p) + 1e-12
+    return weights.parallel_bonus * weights.decomposition * p > weights.decomposition * (1 - p) + 1e-12

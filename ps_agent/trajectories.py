@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ps_agent.rewards import COMPONENTS, QUESTION_CLASSES
+from ps_agent.metrics import behaviour, mean
+from ps_agent.rewards import COMPONENTS
 
 logger = logging.getLogger(__name__)
 
@@ -77,25 +78,14 @@ def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))
 
 
-def mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals of a trajectory log: reward components, decomposition by class, format, forced answers."""
+    """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
+    decomposition by class (``metrics.behaviour``)."""
     if not records:
         return {"rollouts": 0}
-    summary: dict[str, Any] = {
+    return {
         "rollouts": len(records),
         "steps": len({r["step"] for r in records}),
         "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
-        "format_valid": mean([float(r["format_valid"]) for r in records]),
-        "forced_answer": mean([float(r["stats"]["forced_answer"]) for r in records]),
-        "search_rounds": mean([float(r["stats"]["search_rounds"]) for r in records]),
-        "decomposed_by_class": {},
+        **behaviour([r | r["stats"] for r in records]),  # the agent's stats count the search rounds the log lists
     }
-    for cls in QUESTION_CLASSES:
-        of_class = [float(r["decomposed"]) for r in records if r["question_class"] == cls]
-        if of_class:
-            summary["decomposed_by_class"][cls] = mean(of_class)
-    return summary

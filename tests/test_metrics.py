@@ -1,8 +1,8 @@
-"""Answer metrics against known cases (SQuAD normalisation)."""
+"""Answer metrics against known cases (SQuAD normalisation), and the aggregation of episode behaviour."""
 
 import pytest
 
-from ps_agent.metrics import cover_exact_match, exact_match, f1_score, normalize_answer
+from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean, normalize_answer
 
 
 @pytest.mark.parametrize(
@@ -29,3 +29,31 @@ def test_f1():
     assert f1_score("Isaac Newton", ["Newton"]) == pytest.approx(2 / 3)
     assert f1_score("Paris", ["Rome", "Paris France"]) == pytest.approx(2 / 3)
     assert f1_score("London", ["Paris"]) == 0.0
+
+
+def test_behaviour_of_a_group_of_episodes():
+    episodes = [
+        {"question_class": "parallelisable", "format_valid": True, "forced_answer": False, "decomposed": True,
+         "search_rounds": 1},
+        {"question_class": "parallelisable", "format_valid": False, "forced_answer": True, "decomposed": False,
+         "search_rounds": 2},
+        {"question_class": "sequential", "format_valid": True, "forced_answer": False, "decomposed": True,
+         "search_rounds": 3},
+        {"question_class": "sequential", "format_valid": True, "forced_answer": False, "decomposed": False,
+         "search_rounds": 2},
+        {"question_class": "sequential", "format_valid": True, "forced_answer": False, "decomposed": False,
+         "search_rounds": 0},
+    ]  # fmt: skip
+    seen = behaviour(episodes)
+    assert seen["decomposed_by_class"] == pytest.approx({"parallelisable": 1 / 2, "sequential": 1 / 3})
+    assert {k: v for k, v in seen.items() if k != "decomposed_by_class"} == pytest.approx(
+        {"format_valid": 4 / 5, "forced_answer": 1 / 5, "decomposed": 2 / 5, "search_rounds": 8 / 5}
+    )
+    assert behaviour([]) == {
+        "format_valid": None,
+        "forced_answer": None,
+        "decomposed": None,
+        "search_rounds": None,
+        "decomposed_by_class": {},
+    }
+    assert mean([]) is None and mean([1.0, 2.0]) == 1.5

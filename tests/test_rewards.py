@@ -1,4 +1,5 @@
-"""Every branch of the paper's reward equations (Eqs. 3–7), as table tests on hand-made trajectories."""
+"""Every branch of the paper's reward equations (Eqs. 3–7), as table tests on hand-made trajectories, and the
+TRL reward functions called as TRL calls them."""
 
 import pytest
 
@@ -6,13 +7,14 @@ from ps_agent.questions import KNOWN_TYPES
 from ps_agent.rewards import (
     RewardWeights,
     always_decompose_optimal,
-    decomposition_reward,
-    format_reward,
+    decomposition_component,
+    format_component,
     format_valid,
-    outcome_reward,
+    outcome_component,
     question_class,
     reward_components,
-    search_count_reward,
+    reward_functions,
+    search_count_component,
 )
 
 W = RewardWeights()
@@ -81,12 +83,12 @@ def test_an_unknown_type_is_refused_by_name():
     ],
 )
 def test_outcome_reward_is_exact_match(answer, golden, expected):
-    assert outcome_reward(trajectory(["a"], answer=answer), golden) == expected
+    assert outcome_component(trajectory(["a"], answer=answer), golden) == expected
 
 
 def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
     forced = trajectory(["a", "b"], ["c"], answer="Paris", action="forced_answer", final=" Paris </answer>")
-    assert outcome_reward(forced, ["Paris"]) == 0.0
+    assert outcome_component(forced, ["Paris"]) == 0.0
     assert format_valid(forced) is False
     parts = reward_components(forced, ["Paris"], "comparison")
     # nothing for the answer; no format bonus either, since format is invalid and the outcome is 0
@@ -110,7 +112,7 @@ def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
     ],
 )
 def test_decomposition_reward(question_type, rounds, expected):
-    assert decomposition_reward(trajectory(*rounds), question_type, W) == pytest.approx(expected)
+    assert decomposition_component(trajectory(*rounds), question_type, W) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +135,7 @@ def test_decomposition_reward(question_type, rounds, expected):
 )
 def test_search_count_reward(question_type, n, expected):
     rounds = [["q"]] * n
-    assert search_count_reward(trajectory(*rounds), question_type, W) == pytest.approx(expected)
+    assert search_count_component(trajectory(*rounds), question_type, W) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +168,7 @@ def test_format_validity_is_a_state_machine_over_turns(traj, valid):
 )
 def test_format_reward(outcome, valid, expected):
     traj = trajectory(["a"]) if valid else trajectory(["a"], final="<answer> x </answer>")
-    assert format_reward(traj, outcome, W) == pytest.approx(expected)
+    assert format_component(traj, outcome, W) == pytest.approx(expected)
 
 
 def test_components_sum_and_weights_are_configurable():
@@ -193,3 +195,41 @@ def test_components_sum_and_weights_are_configurable():
 )
 def test_always_decompose_is_optimal_only_above_the_break_even_mix(fractions, alpha, optimal):
     assert always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)) is optimal
+
+
+def test_reward_functions_called_as_trl_calls_them_give_each_component_of_each_rollout():
+    from trl.trainer.utils import get_callable_name
+
+    weights = RewardWeights(decomposition=0.2, parallel_bonus=2.0, search_count=0.5, format=0.3)
+    rollouts = [
+        (trajectory(["a", "b"]), ["Paris"], "comparison"),  # right, decomposed, one round
+        (trajectory(["a"], ["b"], ["c"], answer="Rome"), ["Paris"], "bridge"),  # wrong, three rounds
+        (trajectory(["a"], answer="Paris", action="forced_answer", final=" Paris </answer>"), ["Paris"], None),
+    ]
+    trajectories, golden, types = (list(x) for x in zip(*rollouts, strict=True))
+    # what GRPOTrainer._calculate_rewards passes: prompts, completions, completion_ids, every dataset column and
+    # every extra field of the rollout function (one value per completion), and its hooks
+    kwargs = {
+        "prompts": ["Q1?", "Q2?", "Q3?"],
+        "completions": ["…", "…", "…"],
+        "completion_ids": [[1], [2], [3]],
+        "golden_answers": golden,
+        "question_type": types,
+        "id": ["c1", "b1", "s1"],
+        "trajectory": trajectories,
+        "trainer_state": None,
+        "log_extra": lambda column, values: None,
+        "log_metric": lambda name, value: None,
+    }
+    funcs = reward_functions(weights)
+    names = [get_callable_name(f).removesuffix("_reward") for f in funcs]
+    assert names == ["outcome", "decomposition", "search_count", "format"]
+    by_function = {name: f(**kwargs) for name, f in zip(names, funcs, strict=True)}
+    for i, (traj, gold, kind) in enumerate(rollouts):
+        expected = reward_components(traj, gold, kind, weights)
+        assert {name: values[i] for name, values in by_function.items()} == pytest.approx(
+            {k: v for k, v in expected.items() if k != "total"}
+        )
+    assert by_function["decomposition"][0] == pytest.approx(2.0 * 0.2)  # the weights reached the function
+    assert by_function["search_count"][1] == 0.0 and by_function["format"][1] == pytest.approx(0.3)
+    assert by_function["outcome"][2] == 0.0 and by_function["search_count"][2] == 0.0

@@ -40,7 +40,8 @@ def test_every_family_and_size_is_present(world):
     assert {("hybrid", k, d) for k in (2, 3) for d in (2, 3)} <= settings
     assert ("single-hop", 1, 1) in settings
     for q in questions:
-        assert q["optimal_rounds"] == len(q["plan"]) == q["depth"] if q["family"] != "comparison" else 1
+        assert q["optimal_rounds"] == len(q["plan"]) == q["depth"]
+        assert q["family"] not in ("comparison", "single-hop") or q["optimal_rounds"] == 1  # one round of k
         assert q["optimal_llm_calls"] == q["optimal_rounds"] + 1
         assert all(len(r) == q["k"] for r in q["plan"])
 

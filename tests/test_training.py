@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -103,10 +105,24 @@ class AcceleratorDouble:
         pass
 
 
+class MetricsDouble:
+    """Test double: TRL's ``log_metric`` hook, recording each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+
+    def __call__(self, name: str, value: float) -> None:
+        self.calls.append((name, value))
+
+
 def trainer_double(model, tokenizer):
     """Test double: what ``AgentRollout`` reads of a GRPOTrainer."""
     return SimpleNamespace(
-        model=model, processing_class=tokenizer, accelerator=AcceleratorDouble(), state=SimpleNamespace(global_step=0)
+        model=model,
+        processing_class=tokenizer,
+        accelerator=AcceleratorDouble(),
+        state=SimpleNamespace(global_step=0),
+        _log_metric=MetricsDouble(),
     )
 
 
@@ -118,37 +134,34 @@ def smollm2_model(smollm2_path):
 
 
 @pytest.mark.slow
-def test_real_rollout_is_token_exact_and_masked(smollm2_model, tmp_path):
+def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2_model, tmp_path):
     model, tokenizer = smollm2_model
     rows = load_questions("builtin")[:2]
     rollout = AgentRollout(
-        RolloutSettings(max_turns=2, max_new_tokens=48, demonstration=True, temperature=0.7), rows, tmp_path
+        RolloutSettings(max_turns=1, max_new_tokens=32, demonstration=True, temperature=0.7), rows, tmp_path
     )
     prompts = [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
+    trainer = trainer_double(model, tokenizer)
     model.train()
-    batch = rollout(prompts, trainer_double(model, tokenizer))
+    batch = rollout(prompts, trainer)
     assert model.training  # generation ran in eval mode, then training mode was restored
     assert rollout.generation_batches[0] == 4  # the first turn of all four rollouts is one batch
+    assert set(batch) == {"prompt_ids", "completion_ids", "env_mask", "logprobs", "trajectory"}
+    assert [t["question"] for t in batch["trajectory"]] == prompts
     records = read_trajectories(tmp_path)
-    assert len(records) == 4 and [r["question"] for r in records] == prompts
-    for i in range(4):
+    assert [r["question"] for r in records] == prompts
+    for i, record in enumerate(records):
         ids, mask, logprobs = batch["completion_ids"][i], batch["env_mask"][i], batch["logprobs"][i]
         assert len(ids) == len(mask) == len(logprobs)
-        generated = [t for t, m in zip(ids, mask, strict=True) if m == 1]
-        turns = records[i]["turns"]
-        assert len(generated) == sum(t["completion_tokens"] for t in turns)
-        # the generated tokens decode to the logged completions, turn by turn
-        start = 0
-        for turn in turns:
-            chunk = generated[start : start + turn["completion_tokens"]]
-            assert tokenizer.decode(chunk, skip_special_tokens=True) == turn["completion"]
-            start += turn["completion_tokens"]
-        # observation tokens are masked and are exactly the tokenised observations
-        observed = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
-        assert observed.count("<information>") == len(records[i]["search_rounds"])
+        assert sum(mask) == sum(t["completion_tokens"] for t in record["turns"])
         assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
         assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 1)
-        assert set(batch["reward_components"][i]) == {"outcome", "decomposition", "search_count", "format", "total"}
+    # the rollout metrics are logged once per batch, through TRL's hook, from the same records
+    logged = dict(trainer._log_metric.calls)
+    assert len(logged) == len(trainer._log_metric.calls)
+    summary = summarise(records)
+    assert logged["rollout/forced_answer_frac"] == summary["forced_answer"]
+    assert logged["rollout/decomposed_frac/parallelisable"] == summary["decomposed_by_class"]["parallelisable"]
 
 
 @pytest.mark.slow
@@ -156,8 +169,8 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
     model, tokenizer = smollm2_model
     rows = [
         {
-            "prompt": "Which is older, the Colosseum or the Taj Mahal?",
-            "golden_answers": ["Colosseum"],
+            "prompt": "Which country is larger by area, Canada or Brazil?",
+            "golden_answers": ["Canada"],
             "question_type": "comparison",
             "id": "x",
         }
@@ -168,14 +181,15 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
         rows,
         tmp_path,
     )
-    batch = rollout([rows[0]["prompt"]], trainer_double(model, tokenizer))
-    info = batch["rollout"][0]
+    trainer = trainer_double(model, tokenizer)
+    batch = rollout([rows[0]["prompt"]], trainer)
     (record,) = read_trajectories(tmp_path)
-    assert info["failed_searches"] == sum(
-        r["error"] is not None for rnd in record["search_rounds"] for r in rnd["results"]
-    )
-    if record["search_rounds"]:  # greedy SmolLM2 with the demonstration searches here
-        assert info["failed_searches"] > 0
+    searched = [r for rnd in record["search_rounds"] for r in rnd["results"]]
+    assert searched, "greedy SmolLM2 with the demonstration did not search (it does here): no failure to count"
+    assert all(r["error"] is not None and "index offline" in r["error"] for r in searched)
+    assert record["stats"]["failed_searches"] == len(searched)
+    assert dict(trainer._log_metric.calls)["rollout/failed_searches"] == len(searched)
+    assert batch["trajectory"][0]["answer"] == record["answer"]  # the rollout ended and reached the trainer
 
 
 def test_token_sequences_of_a_hand_made_trajectory(smollm2_path):
@@ -267,6 +281,16 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     logged = {k for entry in state["log_history"] for k in entry}
     assert {"rewards/outcome_reward/mean", "reward_std", "entropy", "rollout/forced_answer_frac"} <= logged
+    # what TRL computed with the reward functions, and our rollout metrics, agree with each step's logged rollouts
+    steps = [e for e in state["log_history"] if "reward" in e]
+    assert [e["step"] for e in steps] == [1, 2]
+    for entry in steps:
+        summary = summarise([r for r in records if r["step"] == entry["step"] - 1])
+        for name in ("outcome", "decomposition", "search_count", "format"):
+            assert entry[f"rewards/{name}_reward/mean"] == pytest.approx(summary["rewards"][name], abs=1e-6)
+        assert entry["reward"] == pytest.approx(summary["rewards"]["total"], abs=1e-6)
+        assert entry["rollout/format_valid_frac"] == pytest.approx(summary["format_valid"])
+        assert entry["rollout/search_rounds"] == pytest.approx(summary["search_rounds"])
 
     # resumed from step 1, the run redoes steps 1 and 2: each step's rollouts are in the log once, none lost
     main(grpo_args(tiny_model, out, "--max_steps", "3", "--resume_from_checkpoint", str(out / "checkpoint-1")))
@@ -275,30 +299,73 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_one_real_grpo_step_with_smollm2(smollm2_path, tmp_path):
+def test_a_real_grpo_step_trains_on_the_ids_each_turn_was_generated_from_and_masks_the_rest(
+    smollm2_path, tmp_path, monkeypatch
+):
+    """Through TRL (run_grpo.main, SmolLM2): each turn's context is exactly prompt_ids + the completion ids so
+    far, and TRL's own tool_mask keeps exactly the tokens the model sampled there (the rest: observations)."""
+    from transformers import AutoTokenizer
+    from transformers.generation.utils import GenerationMixin
+    from trl import GRPOTrainer
+
     from training.run_grpo import main
 
+    sampled: list[tuple[list[int], list[int]]] = []  # every context given to model.generate, unpadded, and its output
+    generate = GenerationMixin.generate
+
+    def recording_generate(self, input_ids=None, attention_mask=None, **kwargs):
+        out = generate(self, input_ids, attention_mask=attention_mask, **kwargs)
+        width = input_ids.shape[1]
+        for row, mask, sequence in zip(input_ids, attention_mask, out.sequences, strict=True):
+            sampled.append((row[mask.bool()].tolist(), sequence[width:].tolist()))
+        return out
+
+    trained: list[dict[str, list]] = []  # what TRL's training step received
+    compute_loss = GRPOTrainer.compute_loss
+
+    def recording_compute_loss(self, model, inputs, *args, **kwargs):
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask")
+        trained.append({k: inputs[k].tolist() for k in keys})
+        return compute_loss(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", recording_compute_loss)
     out = tmp_path / "run"
-    main(
-        [
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "1",
-            "--limit",
-            "2",
-            "--num_generations",
-            "2",
-            "--per_device_train_batch_size",
-            "2",
-            "--max_new_tokens",
-            "32",
-            "--max_turns",
-            "1",
-        ]
-    )
+    data = tmp_path / "questions.jsonl"  # greedy SmolLM2 searches on this one first (with the demonstration)
+    data.write_text(json.dumps({"question": "Which country is larger by area, Canada or Brazil?",
+                                "golden_answers": ["Canada"], "type": "comparison"}) + "\n")  # fmt: skip
+    flags = ["--output_dir", str(out), "--data", str(data), "--max_steps", "1", "--num_generations", "2",
+             "--per_device_train_batch_size", "2", "--temperature", "0.1", "--max_new_tokens", "48",
+             "--max_turns", "1"]  # fmt: skip
+    main(flags)
     assert (out / "final" / "adapter_model.safetensors").is_file()
-    assert len(read_trajectories(out)) == 2
+    records = read_trajectories(out)
+    assert len(records) == 2
+    rounds = sum(len(r["search_rounds"]) for r in records)
+    assert rounds, "no rollout searched (nearly greedy, it does here): the observation mask would go untested"
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    (step,) = trained
+    turn_contexts, environment = [], []
+    for b in range(len(step["prompt_ids"])):
+        prompt = [t for t, m in zip(step["prompt_ids"][b], step["prompt_mask"][b], strict=True) if m]
+        kept = [
+            (t, k) for t, k, m in zip(step["completion_ids"][b], step["tool_mask"][b], step["completion_mask"][b],
+                                      strict=True) if m
+        ]  # fmt: skip
+        completion = [t for t, _ in kept]
+        start = 0
+        for keep, run in groupby(k for _, k in kept):
+            span = completion[start : start + len(list(run))]
+            if keep:  # a model turn: sampled by the model from prompt + the completion before it
+                context = prompt + completion[:start]
+                turn_contexts.append(context)
+                assert any(c == context and s[: len(span)] == span for c, s in sampled), (b, start)
+            else:
+                environment.append(tokenizer.decode(span))
+            start += len(span)
+    assert sorted(turn_contexts) == sorted(c for c, _ in sampled)  # each generate call is one turn TRL trains on
+    assert sum(text.count("<information>") for text in environment) == rounds
 
 
 @pytest.mark.slow
@@ -318,6 +385,84 @@ def test_two_process_accelerate_step(tiny_model, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert {p.name for p in out.glob("trajectories-*.jsonl")} == {"trajectories-0.jsonl", "trajectories-1.jsonl"}
     assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+class VLLMClientDouble:
+    """Test double: TRL's ``VLLMClient`` (main process). Each completion is the prompt's length, then EOS, so a
+    rank can tell whether it got the completions of its own contexts."""
+
+    def __init__(self, eos: int) -> None:
+        self.eos = eos
+        self.calls: list[int] = []
+
+    def generate(self, prompts: list[list[int]], features=None, **sampling) -> dict[str, list]:
+        self.calls.append(len(prompts))
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": [[len(p), self.eos] for p in prompts],
+            "logprobs": [[[-0.5], [-0.1]] for _ in prompts],
+        }
+
+
+def lockstep_rank(tokenizer_path: str, out_dir: str) -> None:
+    """One rank of a two-rank run (under torchrun) of TRLVLLMPolicy over TRL's own server-mode generation, with
+    a client double: rank 0's two rollouts take one turn each, rank 1's three and one."""
+    import asyncio
+
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from ps_agent.llms.trl_vllm import TRLVLLMPolicy
+
+    state = PartialState(cpu=True)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    generation = object.__new__(VLLMGeneration)  # TRL's generate (gather, ask on rank 0, broadcast, slice) as is
+    vars(generation).update(
+        mode="server", accelerator=state, vllm_client=VLLMClientDouble(tokenizer.eos_token_id), temperature=1.0,
+        top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, max_completion_length=8, logprobs=0,
+        structured_outputs_regex=None, generation_kwargs={},
+    )  # fmt: skip
+    policy = TRLVLLMPolicy(SimpleNamespace(vllm_generation=generation, processing_class=tokenizer), rollouts=2)
+
+    async def rollout(question: str, turns: int) -> list[bool]:
+        transcript, own = [], []
+        for _ in range(turns):
+            prompt = [{"role": "user", "content": question}]
+            completion = await policy.acomplete(prompt, transcript, stop=["</search>"], max_tokens=8)
+            own.append(completion.token_ids == [completion.prompt_tokens, tokenizer.eos_token_id])
+            transcript += [
+                {"role": "model", "text": completion.text, "token_ids": completion.token_ids},
+                {"role": "env", "text": "\n\n<information> x </information>\n\n", "token_ids": None},
+            ]
+        return own
+
+    rank = state.process_index
+    turns = [[1, 1], [3, 1]][rank]
+    own = asyncio.run(policy.run([rollout(f"Question {i} of rank {rank}?", n) for i, n in enumerate(turns)]))
+    result = {"own": own, "batch_sizes": policy.batch_sizes, "server_calls": generation.vllm_client.calls}
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_turns(smollm2_path, tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    code = f"from tests.test_training import lockstep_rank; lockstep_rank({str(smollm2_path)!r}, {str(tmp_path)!r})"
+    command = [torchrun, "--nproc_per_node", "2", "--no-python", sys.executable, "-c", code]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("the two ranks did not finish in 300 s: a collective that one rank skipped (deadlock)")
+    assert process.returncode == 0, output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["own"] == [[True], [True]] and ranks[1]["own"] == [[True, True, True], [True]]
+    # three rounds on both ranks: rank 0 joins the last two with no context of its own
+    assert ranks[0]["batch_sizes"] == [2, 0, 0] and ranks[1]["batch_sizes"] == [2, 1, 1]
+    assert ranks[0]["server_calls"] == [4, 2, 2]  # every rank sends the widest rank's count, padded
 
 
 @pytest.mark.slow

@@ -1,4 +1,6 @@
-"""Question data → TRL rows: ``{"prompt", "golden_answers", "question_type", "id"}``.
+"""Question data → TRL rows: ``{"prompt", "golden_answers", "question_type", "id"}``. TRL hands every column to
+the reward functions by name, beside the rollout's ``trajectory`` (``ps_agent.rewards`` reads ``golden_answers``
+and ``question_type``).
 
 Sources: question files in the shared jsonl form (``id, question, golden_answers, type``), Hugging Face
 ``datasets`` (an object, or ``hf:NAME_OR_PATH[:SPLIT]`` loaded through ``datasets.load_dataset``),

@@ -3,9 +3,10 @@
 ``AgentRollout`` is TRL's ``rollout_func``. For each prompt it runs ``ParallelSearchAgent`` (tags
 protocol) and returns token-exact sequences: ``completion_ids`` is the policy's own generated tokens
 and the observation tokens, in order, exactly as the policy was conditioned on them; ``env_mask`` is 0
-on observation tokens; ``logprobs`` are the sampling log-probabilities of generated tokens. Reward
-components are computed here (``ps_agent.rewards``), logged with the trajectory, and handed to the
-reward functions as ``reward_components``.
+on observation tokens; ``logprobs`` are the sampling log-probabilities of generated tokens; and
+``trajectory``, the structured trajectory, which TRL hands to the reward functions of ``ps_agent.rewards``
+beside the dataset columns. Each rollout is a line of the trajectory log, and the rollout metrics are
+logged here, once per batch, through TRL's ``log_metric``.
 
 Backends: ``hf`` (in-process generation with the trainer's model, batched across all active rollouts
 turn by turn), ``openai`` (an OpenAI-compatible server that hot-loads the LoRA adapter after each
@@ -24,27 +25,11 @@ from typing import Any
 import httpx
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import (
-    Completion,
-    OpenAICompletionsPolicy,
-    TransformersPolicy,
-    chat_prompt_ids,
-    context_ids,
-    generated_length,
-    segment_ids,
-)
-from ps_agent.protocol import ChatPrompt
-from ps_agent.rewards import (
-    COMPONENTS,
-    QUESTION_CLASSES,
-    RewardWeights,
-    decomposed,
-    format_valid,
-    question_class,
-    reward_components,
-)
-from ps_agent.state import Segment
-from ps_agent.trajectories import TrajectoryLog, mean
+from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
+from ps_agent.llms.trl_vllm import TRLVLLMPolicy
+from ps_agent.metrics import mean
+from ps_agent.rewards import RewardWeights, decomposed, format_valid, question_class, reward_components
+from ps_agent.trajectories import TrajectoryLog, summarise
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +96,10 @@ def token_sequences(
     }
 
 
-def rollout_record(out: dict[str, Any], row: dict[str, Any], rewards: dict[str, float], step: int) -> dict[str, Any]:
-    """The trajectory log line of one rollout."""
+def rollout_record(
+    out: dict[str, Any], row: dict[str, Any], step: int, truncated: bool, weights: RewardWeights
+) -> dict[str, Any]:
+    """The trajectory log line of one rollout, with the reward components the reward functions give it."""
     trajectory, stats = out["trajectory"], out["stats"]
     return {
         "step": step,
@@ -122,9 +109,10 @@ def rollout_record(out: dict[str, Any], row: dict[str, Any], rewards: dict[str, 
         "question_class": question_class(row["question_type"]),
         "golden_answers": row["golden_answers"],
         "answer": out["answer"],
-        "rewards": rewards,
+        "rewards": reward_components(trajectory, row["golden_answers"], row["question_type"], weights),
         "format_valid": format_valid(trajectory),
         "decomposed": decomposed(trajectory),
+        "truncated": truncated,
         "turns": [
             {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason")}
             for call in trajectory["llm_calls"]
@@ -142,56 +130,42 @@ def rollout_record(out: dict[str, Any], row: dict[str, Any], rewards: dict[str, 
     }
 
 
-class TRLVLLMPolicy:
-    """Generation through TRL's own vLLM integration (``use_vllm=True``, colocate or server mode).
-
-    TRL syncs the trainer's weights into vLLM before each rollout; this policy asks it for one
-    completion per context and cuts it after the first stop string, as vLLM there knows no stop strings.
-    """
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.tokenizer = trainer.processing_class
-
-    async def acomplete(
-        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
-    ) -> Completion:
-        context = context_ids(self.tokenizer, prompt, transcript)
-        _, completions, logprobs, _ = await asyncio.to_thread(
-            self.trainer.vllm_generation.generate, prompts=[context], images=None, num_generations=1
-        )
-        ids, lps = list(completions[0]), [lp[0] if isinstance(lp, list) else lp for lp in logprobs[0]]
-        n = min(generated_length(self.tokenizer, ids, stop), max_tokens)
-        ids, lps = ids[:n], lps[:n]
-        return Completion(
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            prompt_text=self.tokenizer.decode(context),
-            prompt_tokens=len(context),
-            completion_tokens=len(ids),
-            token_ids=ids,
-            logprobs=lps,
-            finish_reason="stop",
-        )
+def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
+    """Signals that show GRPO collapse coming and whether decomposition is learnt, from a batch's log lines
+    (TRL logs the rest: rewards, reward std per group, entropy, completion lengths)."""
+    summary = summarise(records)
+    metrics = {
+        "rollout/forced_answer_frac": summary["forced_answer"],
+        "rollout/format_valid_frac": summary["format_valid"],
+        "rollout/search_rounds": summary["search_rounds"],
+        "rollout/failed_searches": float(sum(r["stats"]["failed_searches"] for r in records)),
+        "rollout/truncated_frac": mean([float(r["truncated"]) for r in records]),
+    } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
+    for name, value in metrics.items():
+        log_metric(name, value)
 
 
 class AgentRollout:
-    """TRL ``rollout_func``: one agent rollout per prompt, with rewards and a trajectory log."""
+    """TRL ``rollout_func``: one agent rollout per prompt, its trajectory for the reward functions, a log line
+    and the rollout metrics."""
 
     def __init__(self, settings: RolloutSettings, rows: Sequence[dict[str, Any]], output_dir: str | Path) -> None:
         self.settings = settings
-        self.rows = {row["prompt"]: row for row in rows}
+        self.rows = {row["prompt"]: row for row in rows}  # the log line's question: id, golden answers, class
         self.output_dir = Path(output_dir)
         self._adapter_step: int | None = None
         self._adapter_name: str | None = None
-        self.generation_batches: list[int] = []  # batch sizes of the last rollout's generations (hf backend)
+        self.generation_batches: list[int] = []  # batch sizes of the last rollout's generations (hf, trl-vllm)
 
     # -- policies --------------------------------------------------------------------------------
 
-    def _policy(self, trainer: Any) -> Any:
+    def _policy(self, trainer: Any, rollouts: int) -> Any:
         s = self.settings
         if s.backend == "hf":
             model = trainer.accelerator.unwrap_model(trainer.model)
-            return TransformersPolicy(model, trainer.processing_class, temperature=s.temperature, top_p=s.top_p)
+            policy = TransformersPolicy(model, trainer.processing_class, temperature=s.temperature, top_p=s.top_p)
+            policy.expected = rollouts  # gather every active rollout's turn into one batch
+            return policy
         if s.backend == "openai":
             return OpenAICompletionsPolicy(
                 s.openai_base_url,
@@ -200,7 +174,7 @@ class AgentRollout:
                 top_p=s.top_p,
                 tokenizer=trainer.processing_class,
             )
-        return TRLVLLMPolicy(trainer)
+        return TRLVLLMPolicy(trainer, rollouts)
 
     def _sync_adapter(self, trainer: Any) -> str:
         """After each optimizer step: save the LoRA adapter and load it into the server under a new name."""
@@ -223,11 +197,11 @@ class AgentRollout:
 
     # -- rollouts --------------------------------------------------------------------------------
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         missing = [p for p in prompts if p not in self.rows]
         if missing:
             raise KeyError(f"rollout prompt not in the training rows: {missing[0]!r}")
-        policy = self._policy(trainer)
+        policy = self._policy(trainer, len(prompts))
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
@@ -236,7 +210,23 @@ class AgentRollout:
         finally:
             model.train(was_training)
         self.generation_batches = getattr(policy, "batch_sizes", [])
-        return self._assemble(prompts, outs, trainer)
+
+        max_length = getattr(getattr(trainer, "args", None), "max_completion_length", None)
+        sequences = [token_sequences(out["trajectory"], trainer.processing_class, max_length) for out in outs]
+        step, weights = trainer.state.global_step, self.settings.reward_weights
+        records = [
+            rollout_record(out, self.rows[prompt], step, seq["truncated"], weights)
+            for prompt, out, seq in zip(prompts, outs, sequences, strict=True)
+        ]
+        log = TrajectoryLog(self.output_dir / f"trajectories-{trainer.accelerator.process_index}.jsonl")
+        for record in records:
+            log.append(record)
+        # TRL's log_metric hook (the one it hands reward functions): averaged over the logging step and across
+        # processes, beside TRL's own metrics
+        log_rollout_metrics(records, trainer._log_metric)
+        return {
+            key: [seq[key] for seq in sequences] for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")
+        } | {"trajectory": [out["trajectory"] for out in outs]}
 
     async def _run_all(self, prompts: list[str], policy: Any) -> list[dict[str, Any]]:
         s = self.settings
@@ -249,8 +239,8 @@ class AgentRollout:
             max_new_tokens=s.max_new_tokens,
             demonstration=s.demonstration,
         )
-        if isinstance(policy, TransformersPolicy):
-            policy.expected = len(prompts)  # gather every active rollout's turn into one batch
+        if isinstance(policy, TRLVLLMPolicy):
+            return await policy.run([agent.ainvoke({"question": p}) for p in prompts])
 
         async def one(prompt: str) -> dict[str, Any]:
             try:
@@ -260,70 +250,3 @@ class AgentRollout:
                     policy.expected -= 1  # a finished rollout leaves the batch
 
         return await asyncio.gather(*(one(p) for p in prompts))
-
-    def _assemble(self, prompts: list[str], outs: list[dict[str, Any]], trainer: Any) -> dict[str, list]:
-        tokenizer = trainer.processing_class
-        log = TrajectoryLog(self.output_dir / f"trajectories-{trainer.accelerator.process_index}.jsonl")
-        max_length = getattr(getattr(trainer, "args", None), "max_completion_length", None)
-        batch: dict[str, list] = {
-            k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "logprobs", "reward_components", "rollout")
-        }
-        for prompt, out in zip(prompts, outs, strict=True):
-            row = self.rows[prompt]
-            rewards = reward_components(
-                out["trajectory"], row["golden_answers"], row["question_type"], self.settings.reward_weights
-            )
-            sequences = token_sequences(out["trajectory"], tokenizer, max_length)
-            record = rollout_record(out, row, rewards, trainer.state.global_step) | {
-                "truncated": sequences["truncated"]
-            }
-            log.append(record)
-            for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs"):
-                batch[key].append(sequences[key])
-            batch["reward_components"].append(rewards)
-            batch["rollout"].append(
-                {
-                    "question_class": record["question_class"],
-                    "decomposed": record["decomposed"],
-                    "format_valid": record["format_valid"],
-                    "search_rounds": out["stats"]["search_rounds"],
-                    "forced_answer": out["stats"]["forced_answer"],
-                    "failed_searches": out["stats"]["failed_searches"],
-                    "truncated": sequences["truncated"],
-                }
-            )
-        return batch
-
-
-def log_rollout_metrics(rollouts: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
-    """Signals that show GRPO collapse coming and whether decomposition is learnt (TRL logs the rest:
-    reward std per group, entropy, completion lengths)."""
-    metrics = {
-        "rollout/forced_answer_frac": mean([float(r["forced_answer"]) for r in rollouts]),
-        "rollout/format_valid_frac": mean([float(r["format_valid"]) for r in rollouts]),
-        "rollout/search_rounds": mean([float(r["search_rounds"]) for r in rollouts]),
-        "rollout/failed_searches": float(sum(r["failed_searches"] for r in rollouts)),
-        "rollout/truncated_frac": mean([float(r.get("truncated", False)) for r in rollouts]),
-    }
-    for cls in QUESTION_CLASSES:
-        of_class = [float(r["decomposed"]) for r in rollouts if r["question_class"] == cls]
-        metrics[f"rollout/decomposed_frac/{cls}"] = mean(of_class)
-    for name, value in metrics.items():
-        if value is not None:
-            log_metric(name, value)
-
-
-def reward_functions() -> list[Callable[..., list[float]]]:
-    """One TRL reward function per component (TRL sums them and logs each as ``rewards/<name>``);
-    the first also logs the rollout signals."""
-
-    def make(name: str) -> Callable[..., list[float]]:
-        def reward(completions, reward_components, rollout=None, log_metric=None, **_: Any) -> list[float]:
-            if name == COMPONENTS[0] and rollout is not None and log_metric is not None:
-                log_rollout_metrics(rollout, log_metric)
-            return [float(r[name]) for r in reward_components]
-
-        reward.__name__ = f"{name}_reward"
-        return reward
-
-    return [make(name) for name in COMPONENTS]

@@ -21,10 +21,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.rewards import QUESTION_CLASSES, RewardWeights, always_decompose_optimal, question_class
+from ps_agent.rewards import (
+    QUESTION_CLASSES,
+    RewardWeights,
+    always_decompose_optimal,
+    question_class,
+    reward_functions,
+)
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.data import load_questions, to_dataset
-from training.rollout import AgentRollout, RolloutSettings, reward_functions
+from training.rollout import AgentRollout, RolloutSettings
 
 logger = logging.getLogger("run_grpo")
 
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         )
     trainer = GRPOTrainer(
         model=path,
-        reward_funcs=reward_functions(),
+        reward_funcs=reward_functions(weights),
         args=config,
         train_dataset=to_dataset(rows),
         processing_class=AutoTokenizer.from_pretrained(path),
