@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 QUESTION ?= Which mountain is higher, Mount Everest or K2?
 
-.PHONY: install demo test test-fast lint format studio bench clean
+.PHONY: install browser demo test test-fast lint format studio bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,10 +17,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Debian's chromium for the report's browser tests; where it cannot be installed those tests skip and say why
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1) || \
+	  echo "no chromium: the report's browser tests will skip"
+
 demo: install
 	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
-test: install
+test: install browser
 	$(VENV)/bin/pytest -q -ra tests --nbmake notebooks/quickstart.ipynb
 
 test-fast: install
@@ -40,6 +47,7 @@ studio: install
 bench: install
 	$(PY) benchmarks/fanout.py
 	$(PY) benchmarks/reliability.py
+	$(PY) benchmarks/report_page.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -5,35 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import click
 import httpx
 import typer
-from rich.console import Console
-from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
-from rich.tree import Tree
 
+from ps_agent.display import console, errors, plain, print_rollouts, print_trace
 from ps_agent.graph import AgentError
-from ps_agent.protocol import parse_action
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
-console = Console()
-errors = Console(stderr=True, soft_wrap=True)  # paths in messages stay whole
-
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def plain(text: object, style: str = "") -> Text:
-    """Untrusted text (a question, model output, a title) as printed: no rich markup, and control
-    characters (ESC, …) and lone surrogates shown as escapes instead of reaching the terminal."""
-    return Text(_UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], str(text)), style=style)
 
 
 @contextmanager
@@ -103,45 +88,6 @@ def ask(
         typer.echo(json.dumps(result, ensure_ascii=False, indent=2))
         return
     print_trace(result)
-
-
-def print_trace(result: dict[str, Any]) -> None:
-    """A readable trace: turns, search rounds as trees of parallel branches, the answer and stats."""
-    trajectory, stats = result["trajectory"], result["stats"]
-    console.print(Panel(plain(trajectory["question"]), title="question", expand=False))
-    rounds = iter(trajectory["search_rounds"])
-    for call in trajectory["llm_calls"]:
-        action = parse_action(call["completion"], trajectory["mode"])  # type: ignore[arg-type]
-        header = Text(f"turn {call['turn']} · {call['action']} · {call['latency_s']:.1f} s  ", style="dim")
-        if action.think:
-            console.print(header + plain(action.think, "italic"))
-        else:
-            console.print(header + plain(call["completion"].strip()[:300]))
-        if call["action"] == "invalid":
-            console.print(Text("  invalid action: ", style="yellow") + plain(call["error"]))
-        if call["action"] == "search":
-            record = next(rounds, None)
-            if record is None:
-                continue
-            tree = Tree(
-                Text(f"search round {record['round']}", style="bold") + f" · {len(record['searched'])} in parallel"
-            )
-            for res in record["results"]:
-                label = plain(res["sub_query"], "cyan") + Text(f" ({res['latency_s'] * 1000:.0f} ms)", "dim")
-                branch = tree.add(label)
-                if res["error"]:
-                    branch.add(Text("failed: ", style="red") + plain(res["error"], "red"))
-                for passage in res["passages"]:
-                    branch.add(plain(passage["title"]))
-            if record["capped_from"]:
-                tree.add(Text(f"capped: {record['capped_from']} sub-queries asked", style="yellow"))
-            console.print(tree)
-    console.print(Panel(plain(result["answer"] or "(no answer)"), title="answer", expand=False, border_style="green"))
-    console.print(
-        f"[dim]{stats['llm_calls']} LLM calls · {stats['search_rounds']} search rounds · "
-        f"{stats['sub_queries']} sub-queries · decomposed={stats['decomposed']} · "
-        f"forced_answer={stats['forced_answer']} · {stats['latency_s']:.1f} s[/dim]"
-    )
 
 
 @app.command("eval")
@@ -306,6 +252,33 @@ def index_info(folder: Annotated[Path, typer.Argument(help="An index folder.")])
         console.print_json(json.dumps(read_manifest(folder)))
 
 
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="An eval output folder (results/) or a training run folder.")],
+    open_page: Annotated[bool, typer.Option("--open", help="Open the page in a web browser.")] = False,
+) -> None:
+    """Write RUN_DIR/report.html: tables, plots and every trajectory, one file that works offline."""
+    import webbrowser
+
+    from ps_agent.eval import html_report
+    from ps_agent.report import training_report
+
+    with user_errors():
+        if not run_dir.is_dir():
+            raise ValueError(f"not a folder: {run_dir} (expected an eval output folder or a training run folder)")
+        if any((run_dir / "results").glob("*.jsonl")):
+            path = html_report(run_dir)
+        elif any(run_dir.glob("trajectories*.jsonl")):
+            path = training_report(run_dir)
+        else:
+            raise ValueError(
+                f"{run_dir} has neither results/*.jsonl (an eval run) nor trajectories*.jsonl (a training run)"
+            )
+    console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    if open_page:
+        webbrowser.open(path.resolve().as_uri())
+
+
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")
 app.add_typer(trajectories, name="trajectories")
 
@@ -329,23 +302,7 @@ def show_trajectories(
     if not records:
         console.print(f"no trajectories*.jsonl lines in {run_dir}")
         return
-    table = Table(title=f"{summary['rollouts']} rollouts over {summary['steps']} steps")
-    table.add_column("metric")
-    table.add_column("mean", justify="right")
-    for name, value in summary["rewards"].items():
-        table.add_row(f"reward/{name}", f"{value:+.3f}")
-    for name in ("format_valid", "forced_answer", "search_rounds"):
-        table.add_row(name, f"{summary[name]:.3f}")
-    for cls, value in summary["decomposed_by_class"].items():
-        table.add_row(f"decomposed/{cls}", f"{value:.3f}")
-    console.print(table)
-    for record in records[-last:]:
-        total = record["rewards"]["total"]
-        header = Text(f"step {record['step']} · {record['question_class']} · total {total:+.2f} ", style="dim")
-        gold = plain(f" (gold {record['golden_answers']})")
-        console.print(header + plain(record["question"]) + " → " + plain(repr(record["answer"]), "green") + gold)
-        for r in record["search_rounds"]:
-            console.print(Text("    search: ") + plain(" ## ".join(r["sub_queries"])))
+    print_rollouts(summary, records[-last:])
 
 
 if __name__ == "__main__":

@@ -13,21 +13,28 @@ import asyncio
 import json
 import logging
 import os
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.metrics import cover_exact_match, exact_match, f1_score
+from ps_agent.llms import embedded_spec, policies_dir
+from ps_agent.metrics import cover_exact_match, exact_match, f1_score, mean
 from ps_agent.questions import read_jsonl
+from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.retrieval import CorpusError, resolve_retriever
+from ps_agent.retrieval.corpus import file_checksum
 from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
 from ps_agent.runner import run_sync
-from ps_agent.trajectories import TrajectoryLog, mean, read_records
+from ps_agent.trajectories import TrajectoryLog, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +111,8 @@ def question_record(row: dict[str, Any], dataset: str, mode: str) -> dict[str, A
 
 
 def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, Any]) -> dict[str, Any]:
-    """One evaluated question: answer, metrics, reward components, turns, searches, latency."""
+    """One evaluated question: answer, metrics, reward components, turns, searches, latency, and the
+    timeline a report draws."""
     trajectory, stats = out["trajectory"], out["stats"]
     answer, golden = out["answer"], row["golden_answers"]
     return question_record(row, dataset, mode) | {
@@ -122,6 +130,26 @@ def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, A
         "failed_searches": stats["failed_searches"],
         "latency_s": stats["latency_s"],
         "error": None,
+        "timeline": timeline_of(trajectory),
+    }
+
+
+def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """The part of a trajectory a report draws: each turn's text and action, and each search round's
+    sub-queries with the titles and scores each found (passage texts stay in the corpus)."""
+    return {
+        "turns": [
+            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason", "latency_s")}
+            for call in trajectory["llm_calls"]
+        ],
+        "search_rounds": [
+            {
+                "sub_queries": r["sub_queries"],
+                "latency_s": r["latency_s"],
+                "results": [{k: x[k] for k in ("sub_query", "passages", "error", "latency_s")} for x in r["results"]],
+            }
+            for r in trajectory["search_rounds"]
+        ],
     }
 
 
@@ -216,6 +244,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             for path, rows in files:
                 written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
 
+    TrajectoryLog(out_dir / "runs.jsonl").append(provenance(settings, [path for path, _ in files]))
     run_sync(run_all())  # also from Jupyter, whose event loop is already running
     summary = report(out_dir, problems)
     failed = [r for r in written if r["error"] is not None]
@@ -225,6 +254,46 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             f"LLM and retriever (each error is in {out_dir / 'results'}, the report in {out_dir / 'report.md'})"
         )
     return summary
+
+
+def model_files(llm: Any) -> list[Path]:
+    """The weights an LLM spec names on this machine (a shipped adapter, an ``hf:`` folder), to checksum."""
+    if not isinstance(llm, str):
+        return []
+    folders = [policies_dir() / embedded_spec(llm, mode) for mode in MODES] + [Path(llm.removeprefix("hf:"))]
+    names = ("adapter_model.safetensors", "model.safetensors")
+    return sorted({folder / name for folder in folders for name in names if (folder / name).is_file()})
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this package runs from, when it is one."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
+    """What reproduces a run's numbers: the command, the settings, and checksums of model weights and data."""
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join(sys.argv),
+        "settings": {
+            "llm": str(settings.llm),
+            "retriever": str(settings.retriever),
+            "modes": list(settings.modes),
+            "concurrency": settings.concurrency,
+            "limit": settings.limit,
+            "agent": settings.agent,
+        },
+        "model_sha1": {str(path): file_checksum(path) for path in model_files(settings.llm)},
+        "data_sha1": {str(path): file_checksum(path) for path in data},
+        "parallelsearch": version("parallelsearch"),
+        "git_commit": git_commit(),
+    }
 
 
 def read_results(out_dir: Path) -> list[dict[str, Any]]:
@@ -274,36 +343,45 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(summary: dict[str, Any], problems: list[str]) -> str:
-    """The paper's layouts: EM per benchmark and mode; per class, parallel vs sequential side by side."""
-    modes = sorted(summary["overall"])
-    datasets = list(summary["by_dataset"])
-    lines = ["# Evaluation", "", "## Exact match (%) per benchmark", ""]
-    lines.append("| mode | " + " | ".join(datasets) + " | average |")
-    lines.append("|---" * (len(datasets) + 2) + "|")
+def em_table(summary: dict[str, Any]) -> dict[str, Any]:
+    """EM per benchmark and mode, with the average over benchmarks (the paper's Table 2 layout)."""
+    modes, datasets = sorted(summary["overall"]), list(summary["by_dataset"])
+    rows = []
     for m in modes:
         ems = [summary["by_dataset"][d][m].get("em") for d in datasets]
-        present = [e for e in ems if e is not None]
-        lines.append(f"| {m} | " + " | ".join(_fmt(e) for e in ems) + f" | {_fmt(mean(present))} |")
-    lines += ["", "## Per question class: " + " vs ".join(modes), ""]
-    header = "| dataset / class | n | " + " | ".join(
-        f"{k} ({m})" for k in ("EM", "decomp. %", "s/question", "turns") for m in modes
-    )
-    lines += [header + " | errors |", "|---" * (2 + 4 * len(modes) + 1) + "|"]
+        rows.append([m, *(_fmt(e) for e in ems), _fmt(mean([e for e in ems if e is not None]))])
+    return {"caption": "Exact match (%) per benchmark", "header": ["mode", *datasets, "average"], "rows": rows}
+
+
+def class_table(summary: dict[str, Any]) -> dict[str, Any]:
+    """Per dataset and question class, the modes side by side: EM, decomposition, seconds, turns (Table 3)."""
+    modes = sorted(summary["overall"])
+    metrics = {"em": "EM", "decomposition_ratio": "decomp. %", "seconds_per_question": "s/question", "turns": "turns"}
+    header = ["dataset / class", "n", *(f"{name} ({m})" for name in metrics.values() for m in modes), "errors"]
+    rows = []
     for key, by_mode in summary["by_class"].items():
-        cells = []
-        for k in ("em", "decomposition_ratio", "seconds_per_question", "turns"):
-            cells += [_fmt(by_mode[m].get(k), 2 if k in ("seconds_per_question", "turns") else 1) for m in modes]
+        cells = [
+            _fmt(by_mode[m].get(k), 2 if k in ("seconds_per_question", "turns") else 1) for k in metrics for m in modes
+        ]
         n = max(by_mode[m]["n"] for m in modes)
-        errors = sum(by_mode[m]["errors"] for m in modes)
-        lines.append(f"| {key} | {n} | " + " | ".join(cells) + f" | {errors} |")
+        rows.append([key, str(n), *cells, str(sum(by_mode[m]["errors"] for m in modes))])
+    return {"caption": "Per question class: " + " vs ".join(modes), "header": header, "rows": rows}
+
+
+def markdown(summary: dict[str, Any], problems: list[str]) -> str:
+    """The paper's layouts: EM per benchmark and mode; per class, parallel vs sequential side by side."""
+    lines = ["# Evaluation"]
+    for table in (em_table(summary), class_table(summary)):
+        lines += ["", f"## {table['caption']}", "", "| " + " | ".join(table["header"]) + " |"]
+        lines.append("|---" * len(table["header"]) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in table["rows"]]
     if problems:
         lines += ["", f"## Skipped data lines ({len(problems)})", ""] + [f"- {p}" for p in problems]
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
-    """Turns and EM by question class and mode."""
+def plot(summary: dict[str, Any]) -> Any:
+    """Turns and EM by question class and mode (a matplotlib figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,17 +399,38 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None) -> Path:
+    """Write ``report.html``: the tables and plot of ``report.md`` and every question's trajectory, the modes
+    of a question side by side (``ps-agent report OUT`` rebuilds it)."""
+    out_dir = Path(out_dir)
+    records = read_results(out_dir) if records is None else records
+    summary = summarise(records)
+    path = out_dir / "report.html"
+    page = render(
+        kind="eval",
+        title=f"Evaluation · {out_dir.resolve().name}",
+        tables=[em_table(summary), class_table(summary)],
+        plots=[png_data_uri(plot(summary))] if summary["by_class"] else [],
+        rows=eval_rows(records),
+        filters=["dataset", "mode", "class"],
+    )
+    path.write_text(page, encoding="utf-8")
+    return path
 
 
 def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """Aggregate ``OUT/results`` into ``summary.json``, ``report.md`` and ``plots.png``."""
+    """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``."""
     out_dir = Path(out_dir)
-    summary = summarise(read_results(out_dir))
+    records = read_results(out_dir)
+    summary = summarise(records)
     summary["skipped_lines"] = problems or []
+    summary["runs"] = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / "report.md").write_text(markdown(summary, problems or []))
     if summary["by_class"]:
-        plot(summary, out_dir / "plots.png")
+        save_png(plot(summary), out_dir / "plots.png")
+    html_report(out_dir, records)
     return summary

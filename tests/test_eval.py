@@ -1,7 +1,9 @@
 """Evaluation: reports from a hand-made results file, bad data lines, resumption (errors retried, torn lines),
 settings and corpus checked up front, and `ps-agent eval` end to end."""
 
+import hashlib
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,7 @@ def result(dataset, mode, cls_type, em, decomposed, calls, latency, error=None):
         "latency_s": latency,
         "error": error,
         "question_class": {"comparison": "parallelisable", None: "single-hop"}.get(cls_type, "sequential"),
+        "forced_answer": False,
     }
     if error is None:
         record |= {
@@ -243,7 +246,13 @@ def test_ps_agent_eval_end_to_end_with_the_embedded_model(synthetic, tmp_path, s
     for mode in ("parallel", "sequential"):
         assert summary["overall"][mode]["n"] == 2 and summary["overall"][mode]["errors"] == 0
     assert "Exact match (%) per benchmark" in run.stdout
-    assert (out / "plots.png").is_file()
+    assert (out / "plots.png").is_file() and (out / "report.html").is_file()
+    (provenance,) = summary["runs"]  # what reproduces the numbers
+    assert provenance["command"].endswith(shlex.join(command[1:]))
+    assert provenance["data_sha1"] == {str(questions): hashlib.sha1(questions.read_bytes()).hexdigest()}
+    assert provenance["settings"]["llm"] == "smollm2" and provenance["settings"]["agent"]["max_turns"] == 1
+    shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch" / "adapter_model.safetensors"
+    assert provenance["model_sha1"][str(shipped)] == hashlib.sha1(shipped.read_bytes()).hexdigest()
 
 
 def test_eval_over_a_built_index_folder(synthetic, tmp_path):
