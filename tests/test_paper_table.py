@@ -1,0 +1,94 @@
+"""benchmarks/paper_table.py from hand-made eval folders: the Table 3 and Table 2 layouts, bootstrap intervals and
+the paired comparison of ours against the baseline."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "paper_table", Path(__file__).parents[1] / "benchmarks" / "paper_table.py"
+)
+paper_table = sys.modules["paper_table"] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up
+spec.loader.exec_module(paper_table)
+
+
+def line(qid, mode, em, calls, decomposed, cls="parallelisable", dataset="hotpotqa"):
+    return {
+        "id": qid,
+        "dataset": dataset,
+        "mode": mode,
+        "question": f"question {qid}",
+        "question_type": "comparison" if cls == "parallelisable" else "bridge",
+        "question_class": cls,
+        "golden_answers": ["a"],
+        "answer": "a" if em else "b",
+        "em": em,
+        "llm_calls": calls,
+        "decomposed": decomposed,
+        "latency_s": 2.0 * calls,
+        "error": None,
+    }
+
+
+def eval_folder(root: Path, name: str, lines: list[dict]) -> Path:
+    folder = root / name
+    (folder / "results").mkdir(parents=True)
+    (folder / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    ours = [line(f"q{i}", "parallel", em, 2, True) for i, em in enumerate([1.0, 1.0, 0.0, 1.0])]
+    ours += [line("s0", "parallel", 0.0, 3, False, cls="sequential")]
+    ours += [line("q0", "sequential", 0.0, 9, False)]  # another mode's line: not this model's
+    baseline = [line(f"q{i}", "sequential", em, 3, False) for i, em in enumerate([1.0, 0.0, 0.0, 1.0])]
+    baseline += [line("n0", "sequential", 1.0, 2, False, cls="single-hop", dataset="nq")]
+    baseline += [line("q9", "sequential", 1.0, 3, False) | {"error": "RuntimeError: boom", "em": 0.0}]
+    return eval_folder(tmp_path, "ours", ours), eval_folder(tmp_path, "baseline", baseline)
+
+
+def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
+    ours, baseline = runs
+    out = tmp_path / "table"
+    argv = ["--run", f"ours={ours}", "--run", f"search-r1={baseline}:sequential", "--ours", "ours"]
+    result = paper_table.main([*argv, "--baseline", "search-r1", "--bootstrap", "500", "--out", str(out)])
+    cell = result["by_class"]["hotpotqa/parallelisable"]
+    assert cell["ours"]["n"] == 4 and cell["ours"]["em"] == 75.0 and cell["ours"]["turns"] == 2.0
+    assert cell["ours"]["decomposition_ratio"] == 100.0 and cell["search-r1"]["decomposition_ratio"] == 0.0
+    assert cell["search-r1"]["n"] == 4  # its errored line is left out
+    low, high = cell["ours"]["em_ci"]
+    assert 0.0 <= low < 75.0 < high <= 100.0
+    assert cell["ours"]["turns_ci"] == [2.0, 2.0]  # no spread, no interval
+    paired = result["ours_vs_baseline"]["hotpotqa/parallelisable"]
+    assert paired["n"] == 4 and paired["em_diff"] == 25.0 and paired["turns_ratio"] == pytest.approx(2 / 3)
+    assert paired["turns_ratio_ci"] == pytest.approx([2 / 3, 2 / 3])  # every question: 2 turns vs 3
+    assert paired["em_diff_ci"][0] <= 25.0 <= paired["em_diff_ci"][1] <= 100.0
+    assert "hotpotqa/sequential" not in result["ours_vs_baseline"]  # the baseline has no such line
+    assert set(result["by_dataset"]) == {"hotpotqa", "nq"} and "ours" not in result["by_dataset"]["nq"]
+    text = out.with_suffix(".md").read_text()
+    assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
+    assert "| ours | 60.0 | – | 60.0 |" in text  # Table 2: EM per benchmark, average over those it ran
+    assert "| hotpotqa/parallelisable | 4 | 25.0 [" in text and out.with_suffix(".png").stat().st_size > 0
+    again = paper_table.main([*argv, "--baseline", "search-r1", "--bootstrap", "500", "--out", str(tmp_path / "b")])
+    assert again["by_class"] == result["by_class"]  # seeded: the same intervals
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--run", "ours"], "expected NAME=DIR"),
+        (["--run", "ours=DIR:both"], "expected parallel or sequential"),
+        (["--run", "ours=/nonexistent"], "has no results/ folder"),
+        (["--run", "ours={ours}", "--baseline", "sr1"], "--baseline 'sr1' is not a --run name"),
+        (["--run", "ours={ours}", "--bootstrap", "10"], "at least 100"),
+    ],
+)
+def test_bad_arguments_say_what_was_expected(runs, args, message, capsys):
+    ours, _ = runs
+    with pytest.raises(SystemExit) as exit_info:
+        paper_table.main([a.format(ours=ours) for a in args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
