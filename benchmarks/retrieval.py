@@ -34,7 +34,7 @@ import aiohttp
 import httpx
 import numpy as np
 
-from ps_agent.retrieval.corpus import cache_dir
+from ps_agent.cache import cache_dir
 from ps_agent.retrieval.dense import HybridRetriever
 from ps_agent.retrieval.encoders import load_encoder
 from ps_agent.retrieval.index import build_index, load_index

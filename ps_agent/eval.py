@@ -27,7 +27,7 @@ from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import embedded_spec, policies_dir
-from ps_agent.metrics import cover_exact_match, exact_match, f1_score, mean
+from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
 from ps_agent.questions import read_jsonl
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.retrieval import CorpusError, resolve_retriever
@@ -308,15 +308,17 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
     if not ok:
         return summary
+    seen = behaviour(ok)
     summary |= {
         "em": 100 * mean([r["em"] for r in ok]),
         "f1": 100 * mean([r["f1"] for r in ok]),
         "cover_em": 100 * mean([r["cover_em"] for r in ok]),
-        "decomposition_ratio": 100 * mean([float(r["decomposed"]) for r in ok]),
-        "format_valid": 100 * mean([float(r["format_valid"]) for r in ok]),
+        "decomposition_ratio": 100 * seen["decomposed"],
+        "format_valid": 100 * seen["format_valid"],
+        "forced_answer": 100 * seen["forced_answer"],
         "seconds_per_question": mean([r["latency_s"] for r in ok]),
         "turns": mean([float(r["llm_calls"]) for r in ok]),
-        "search_rounds": mean([float(r["search_rounds"]) for r in ok]),
+        "search_rounds": seen["search_rounds"],
         "reward": mean([r["rewards"]["total"] for r in ok]),
     }
     return summary

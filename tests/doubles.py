@@ -40,6 +40,28 @@ class SleepyRetriever:
         ]
 
 
+class InFlightRetriever(SleepyRetriever):
+    """Test double: counts the searches in flight. Each waits (up to 2 s) until ``expect`` have been in flight
+    at once, so a round that runs in parallel reaches ``peak == expect`` on a loaded machine too, and one that
+    does not stays below it."""
+
+    def __init__(self, expect: int) -> None:
+        super().__init__()
+        self.expect, self.in_flight, self.peak = expect, 0, 0
+
+    async def asearch(self, queries, k):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            for _ in range(400):
+                if self.peak >= self.expect:
+                    break
+                await asyncio.sleep(0.005)
+            return await super().asearch(queries, k)
+        finally:
+            self.in_flight -= 1
+
+
 class ToolCallingFakeChatModel(GenericFakeChatModel):
     """Test double: a chat model replying with scripted messages (tool calls included); tools bind as no-ops."""
 

@@ -14,32 +14,10 @@ from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.context import Context
 from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
-from tests.doubles import SleepyRetriever, scripted_llm
+from tests.doubles import InFlightRetriever, SleepyRetriever, scripted_llm
 
 FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </search>"
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
-
-
-class InFlightRetriever(SleepyRetriever):
-    """Test double: counts the searches in flight. Each waits (up to 2 s) until ``expect`` have been in flight
-    at once, so a round that runs in parallel reaches ``peak == expect`` on a loaded machine too, and one that
-    does not stays below it."""
-
-    def __init__(self, expect: int) -> None:
-        super().__init__()
-        self.expect, self.in_flight, self.peak = expect, 0, 0
-
-    async def asearch(self, queries, k):
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            for _ in range(400):
-                if self.peak >= self.expect:
-                    break
-                await asyncio.sleep(0.005)
-            return await super().asearch(queries, k)
-        finally:
-            self.in_flight -= 1
 
 
 @pytest.mark.parametrize("path", ["invoke", "ainvoke", "graph.invoke"])

@@ -21,9 +21,6 @@ PACKAGES = ("ps_agent", "training")
 LAZY = {
     ("ps_agent.cli", "*"): "a command loads what it runs (FAISS, the server, eval), so `ps-agent --help` starts fast",
     ("ps_agent.retrieval", "ps_agent.retrieval.index"): "FAISS and the encoders load only when an index folder is used",
-    ("training.gold", "training.run_grpo"): "hides no cycle: to move to module level (training is being refactored)",
-    ("training.run_sft", "training.run_grpo"): "hides no cycle: to move to module level (training is being refactored)",
-    ("training.run_grpo", "ps_agent.llms"): "hides no cycle: to move to module level (training is being refactored)",
 }
 
 

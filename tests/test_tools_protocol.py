@@ -3,8 +3,7 @@
 from langchain_core.messages import AIMessage, ToolMessage
 
 from ps_agent import ParallelSearchAgent
-from tests.doubles import SleepyRetriever, ToolCallingFakeChatModel, tool_calls
-from tests.test_graph import InFlightRetriever
+from tests.doubles import InFlightRetriever, SleepyRetriever, ToolCallingFakeChatModel, tool_calls
 
 
 def chat(*messages):

@@ -37,6 +37,7 @@ from ps_agent.rewards import question_class
 from ps_agent.state import Segment
 from ps_agent.synthetic import generate
 from training.rollout import token_sequences
+from training.run_grpo import model_path
 
 logger = logging.getLogger("gold")
 
@@ -373,8 +374,6 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
-
-    from training.run_grpo import model_path
 
     out = args.out or Path("runs/gold") / f"{args.mode}.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))

@@ -21,6 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ps_agent.llms import embedded_model_path
 from ps_agent.rewards import (
     QUESTION_CLASSES,
     RewardWeights,
@@ -61,7 +62,13 @@ class ParallelSearchArguments:
     data: str = field(default="builtin", metadata={"help": "builtin, a question jsonl path, or hf:NAME[:SPLIT]"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N questions"})
     corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
-    backend: str = field(default="hf", metadata={"help": "hf, openai (vLLM with LoRA hot-loading) or trl-vllm"})
+    backend: str = field(
+        default="hf",
+        metadata={
+            "help": "hf, openai (vLLM with LoRA hot-loading) or trl-vllm",
+            "choices": ["hf", "openai", "trl-vllm"],
+        },
+    )
     openai_base_url: str | None = field(default=None, metadata={"help": "the openai backend's server, .../v1"})
     mode: str = field(default="parallel", metadata={"help": "parallel or sequential (Search-R1 baseline)"})
     max_turns: int = 2
@@ -91,11 +98,8 @@ class ParallelSearchArguments:
 
 
 def model_path(name: str) -> str:
-    if name == "smollm2":
-        from ps_agent.llms import embedded_model_path
-
-        return str(embedded_model_path())
-    return name
+    """``smollm2``: the embedded model's cached safetensors folder; any other name as it is."""
+    return str(embedded_model_path()) if name == "smollm2" else name
 
 
 def class_fractions(rows: list[dict]) -> dict[str, float]:

@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.llms import EMBEDDED_BASE, EMBEDDED_MODEL
 from ps_agent.retrieval.encoders import resolve_dtype
 from training.gold import sft_example
+from training.run_grpo import model_path
 
 logger = logging.getLogger("run_sft")
 
@@ -121,8 +122,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
-
-    from training.run_grpo import model_path
 
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

