@@ -514,3 +514,27 @@ def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_drop
     assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
     with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
         prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))
+
+
+def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(smollm2_path, tmp_path):
+    from safetensors.torch import load_file
+
+    from ps_agent.llms import LLMSpecError
+    from training.run_grpo import parse, trainable_adapter, use_demonstration
+
+    shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch"
+    model = trainable_adapter(str(shipped), str(smollm2_path))
+    saved = load_file(shipped / "adapter_model.safetensors")
+    name = next(k for k in saved if "q_proj.lora_B" in k)
+    loaded = dict(model.named_parameters())[name.replace(".weight", ".default.weight")]
+    assert loaded.requires_grad and loaded.float().equal(saved[name].float())  # the SFT weights, trainable
+    assert saved[name].abs().sum() > 0  # a trained lora_B (a fresh one is all zeros)
+    other = tmp_path / "qwen-adapter"
+    shutil.copytree(shipped, other)
+    config = json.loads((other / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": "Qwen/Qwen2.5-7B"}))
+    with pytest.raises(LLMSpecError, match=r"trained on base model 'Qwen/Qwen2\.5-7B'.*smollm2"):
+        trainable_adapter(str(other), str(smollm2_path))
+    assert use_demonstration(parse([])[0]) is True  # from the base model: the format has to be shown
+    assert use_demonstration(parse(["--init_adapter", str(shipped)])[0]) is False
+    assert use_demonstration(parse(["--init_adapter", str(shipped), "--demonstration", "true"])[0]) is True

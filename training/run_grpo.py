@@ -17,11 +17,12 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.llms import embedded_model_path
+from ps_agent.llms import adapter_base, embedded_model_path
 from ps_agent.rewards import (
     QUESTION_CLASSES,
     RewardWeights,
@@ -59,6 +60,13 @@ class ParallelSearchArguments:
     """What to train, on what, with which agent and rewards (TRL's ``GRPOConfig`` holds the rest)."""
 
     model_name_or_path: str = field(default="smollm2", metadata={"help": "smollm2 (embedded) or a model folder"})
+    init_adapter: str | None = field(
+        default=None,
+        metadata={
+            "help": "a PEFT LoRA adapter to continue training, e.g. policies/smollm2-parallelsearch (the SFT "
+            "policy); it must have been trained on --model_name_or_path; the --lora_* flags are then its own"
+        },
+    )
     data: str = field(default="builtin", metadata={"help": "builtin, a question jsonl path, or hf:NAME[:SPLIT]"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N questions"})
     corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
@@ -74,11 +82,12 @@ class ParallelSearchArguments:
     max_turns: int = 2
     topk: int = 2
     max_new_tokens: int = 96
-    demonstration: bool = field(
-        default=True,
+    demonstration: bool | None = field(
+        default=None,
         metadata={
-            "help": "one-shot demonstration before the prompt (not in the paper): without it the untrained "
-            "135M model never emits a valid action, so every reward in a group is equal and GRPO has no signal"
+            "help": "one-shot demonstration before the prompt (not in the paper); default: on from a base model "
+            "(without it the untrained 135M model never emits a valid action, so every reward in a group is equal "
+            "and GRPO has no signal), off when --init_adapter continues a policy that learnt the format"
         },
     )
     lambda_d: float = field(default=0.15, metadata={"help": "decomposition reward weight λd"})
@@ -154,6 +163,21 @@ def prepare_trajectory_logs(output_dir: str, resume_from_checkpoint: str | bool 
     return str(checkpoint)
 
 
+def use_demonstration(args: ParallelSearchArguments) -> bool:
+    """``--demonstration`` when given; else on from a base model and off when continuing a trained adapter."""
+    return args.init_adapter is None if args.demonstration is None else args.demonstration
+
+
+def trainable_adapter(adapter: str, base: str) -> Any:
+    """``base`` with the LoRA ``adapter`` loaded for training (not merged), after checking it was trained on
+    ``base``: GRPO continues the SFT policy instead of starting a new adapter from the base model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(adapter_base(adapter, base))
+    return PeftModel.from_pretrained(model, adapter, is_trainable=True)
+
+
 def parse(argv: list[str] | None = None):
     """``(ParallelSearchArguments, GRPOConfig)`` from flags and ``--config``, over this script's CPU defaults."""
     from trl import GRPOConfig, TrlParser
@@ -181,15 +205,17 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         max_turns=args.max_turns,
         topk=args.topk,
         max_new_tokens=args.max_new_tokens,
-        demonstration=args.demonstration,
+        demonstration=use_demonstration(args),
         temperature=config.temperature,
         top_p=config.top_p,
         retriever=args.corpus,
         openai_base_url=args.openai_base_url,
         reward_weights=weights,
     )
-    peft_config = None
-    if args.use_lora:
+    model, peft_config = path, None
+    if args.init_adapter:
+        model = trainable_adapter(args.init_adapter, path)
+    elif args.use_lora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(
@@ -199,7 +225,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             task_type="CAUSAL_LM",
         )
     trainer = GRPOTrainer(
-        model=path,
+        model=model,
         reward_funcs=reward_functions(weights),
         args=config,
         train_dataset=to_dataset(rows),

@@ -68,15 +68,10 @@ def embedded_spec(spec: str | None, mode: str = "parallel") -> str:
     return spec
 
 
-def load_adapter_model(adapter: str | Path, base: str | Path | None = None) -> tuple[Any, Any]:
-    """A PEFT LoRA adapter merged into its base model, with the tokenizer: (model, tokenizer).
-
-    ``base`` defaults to the adapter's recorded base (the embedded model when it names ``EMBEDDED_BASE``).
-    A missing adapter folder, or an adapter trained on another base, is refused with both named.
-    """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
+    """The base model folder of a PEFT LoRA adapter, checked: ``base`` defaults to the adapter's recorded base
+    (the embedded model when it names ``EMBEDDED_BASE``). A missing or incomplete adapter folder, or an adapter
+    trained on another base, is refused with both named."""
     adapter = Path(adapter)
     config_file = adapter / "adapter_config.json"
     if not config_file.is_file() or not (adapter / "adapter_model.safetensors").is_file():
@@ -94,6 +89,16 @@ def load_adapter_model(adapter: str | Path, base: str | Path | None = None) -> t
         )
     if not base.exists():
         raise LLMSpecError(f"base model {base} of adapter {adapter} not found (expected a transformers model folder)")
+    return base
+
+
+def load_adapter_model(adapter: str | Path, base: str | Path | None = None) -> tuple[Any, Any]:
+    """A PEFT LoRA adapter merged into its base model (``adapter_base`` checks the pair), with the tokenizer:
+    (model, tokenizer)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, base = Path(adapter), adapter_base(adapter, base)
     model = AutoModelForCausalLM.from_pretrained(base)
     model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
     tokenizer_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base
