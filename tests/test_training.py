@@ -331,12 +331,13 @@ def test_a_real_grpo_step_trains_on_the_ids_each_turn_was_generated_from_and_mas
     monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
     monkeypatch.setattr(GRPOTrainer, "compute_loss", recording_compute_loss)
     out = tmp_path / "run"
-    data = tmp_path / "questions.jsonl"  # greedy SmolLM2 searches on this one first (with the demonstration)
+    data = tmp_path / "questions.jsonl"  # the shipped SFT policy searches first on a comparison
     data.write_text(json.dumps({"question": "Which country is larger by area, Canada or Brazil?",
                                 "golden_answers": ["Canada"], "type": "comparison"}) + "\n")  # fmt: skip
+    shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch"  # GRPO continues it, no demo
     flags = ["--output_dir", str(out), "--data", str(data), "--max_steps", "1", "--num_generations", "2",
              "--per_device_train_batch_size", "2", "--temperature", "0.1", "--max_new_tokens", "48",
-             "--max_turns", "1"]  # fmt: skip
+             "--max_turns", "1", "--init_adapter", str(shipped)]  # fmt: skip
     main(flags)
     assert (out / "final" / "adapter_model.safetensors").is_file()
     records = read_trajectories(out)
