@@ -34,6 +34,7 @@ from ps_agent.llms import Completion
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
 from ps_agent.questions import read_split
 from ps_agent.rewards import question_class
+from ps_agent.runner import run_sync
 from ps_agent.state import Segment
 from ps_agent.synthetic import generate
 from training.rollout import token_sequences
@@ -320,7 +321,7 @@ def build_episodes(
         group = list(unique.values())
         teacher = TeacherPolicy(tokenizer, {q.question: teacher_turns(q, mode, rng) for q in group})
         agent = ParallelSearchAgent(llm=teacher, retriever=corpus, mode=mode, max_turns=max_turns, topk=topk)
-        outs = asyncio.run(_run(agent, [q.question for q in group]))
+        outs = run_sync(_run(agent, [q.question for q in group]))  # also from Jupyter, whose loop is running
         for q, out in zip(group, outs, strict=True):
             ep = episode(q, out, mode, tokenizer)
             if isinstance(ep, str):
