@@ -34,7 +34,7 @@ from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.retrieval.corpus import file_checksum
 from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
 from ps_agent.runner import run_sync
-from ps_agent.trajectories import TrajectoryLog, read_records
+from ps_agent.trajectories import TrajectoryLog, read_records, timeline_of
 
 logger = logging.getLogger(__name__)
 
@@ -131,25 +131,6 @@ def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, A
         "latency_s": stats["latency_s"],
         "error": None,
         "timeline": timeline_of(trajectory),
-    }
-
-
-def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
-    """The part of a trajectory a report draws: each turn's text and action, and each search round's
-    sub-queries with the titles and scores each found (passage texts stay in the corpus)."""
-    return {
-        "turns": [
-            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason", "latency_s")}
-            for call in trajectory["llm_calls"]
-        ],
-        "search_rounds": [
-            {
-                "sub_queries": r["sub_queries"],
-                "latency_s": r["latency_s"],
-                "results": [{k: x[k] for k in ("sub_query", "passages", "error", "latency_s")} for x in r["results"]],
-            }
-            for r in trajectory["search_rounds"]
-        ],
     }
 
 

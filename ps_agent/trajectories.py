@@ -33,6 +33,25 @@ class TrajectoryLog:
             os.close(fd)
 
 
+def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """The part of a trajectory a report draws: each turn's text and action, and each search round's
+    sub-queries with the titles and scores each found (passage texts stay in the corpus)."""
+    return {
+        "turns": [
+            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason", "latency_s")}
+            for call in trajectory["llm_calls"]
+        ],
+        "search_rounds": [
+            {
+                "sub_queries": r["sub_queries"],
+                "latency_s": r["latency_s"],
+                "results": [{k: x[k] for k in ("sub_query", "passages", "error", "latency_s")} for x in r["results"]],
+            }
+            for r in trajectory["search_rounds"]
+        ],
+    }
+
+
 def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The JSON lines of ``paths`` in order; a torn line (a crash mid-write) is skipped with a warning."""
     records = []

@@ -29,7 +29,7 @@ from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prom
 from ps_agent.llms.trl_vllm import TRLVLLMPolicy
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, decomposed, format_valid, question_class, reward_components
-from ps_agent.trajectories import TrajectoryLog, summarise
+from ps_agent.trajectories import TrajectoryLog, summarise, timeline_of
 
 logger = logging.getLogger(__name__)
 
@@ -113,19 +113,7 @@ def rollout_record(
         "format_valid": format_valid(trajectory),
         "decomposed": decomposed(trajectory),
         "truncated": truncated,
-        "turns": [
-            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason")}
-            for call in trajectory["llm_calls"]
-        ],
-        "search_rounds": [
-            {
-                "sub_queries": r["sub_queries"],
-                "results": [
-                    {"sub_query": x["sub_query"], "passages": x["passages"], "error": x["error"]} for x in r["results"]
-                ],
-            }
-            for r in trajectory["search_rounds"]
-        ],
+        **timeline_of(trajectory),  # turns and search rounds, as an eval's results keep them
         "stats": stats,
     }
 
