@@ -53,6 +53,11 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
         "question_type": question_type,
         "id": where if raw.get("id") is None else str(raw["id"]),
     }
+    corpus = raw.get("corpus")
+    if corpus is not None:  # the corpus this question is searched in (training mixes of several corpora)
+        if not isinstance(corpus, str) or not corpus.strip():
+            raise DataError(f"{where}: 'corpus' must be a corpus jsonl path, got {corpus!r}")
+        row["corpus"] = corpus
     for text in (row["prompt"], *row["golden_answers"], row["id"]):
         if found := lone_surrogates(text):  # JSON spells them ("\ud800"): no results file or tokenizer takes one
             raise DataError(
@@ -96,6 +101,8 @@ def read_jsonl(
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{where}: not JSON ({exc})") from exc
                 row = to_row(raw, where, known_types)
+                if "corpus" in row:  # relative to the question file
+                    row["corpus"] = str((path.parent / row["corpus"]).resolve())
             except DataError as exc:
                 if problems is None:
                     raise

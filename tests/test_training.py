@@ -8,6 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,13 +117,14 @@ class MetricsDouble:
         self.calls.append((name, value))
 
 
-def trainer_double(model, tokenizer):
+def trainer_double(model, tokenizer, num_generations: int = 2):
     """Test double: what ``AgentRollout`` reads of a GRPOTrainer."""
     return SimpleNamespace(
         model=model,
         processing_class=tokenizer,
         accelerator=AcceleratorDouble(),
         state=SimpleNamespace(global_step=0),
+        num_generations=num_generations,
         _log_metric=MetricsDouble(),
     )
 
@@ -190,6 +193,76 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
     assert record["stats"]["failed_searches"] == len(searched)
     assert dict(trainer._log_metric.calls)["rollout/failed_searches"] == len(searched)
     assert batch["trajectory"][0]["answer"] == record["answer"]  # the rollout ended and reached the trainer
+
+
+class ScriptedAnswers:
+    """Test double: a token-exact policy that answers at once, cycling through each question's scripted answers
+    (so a question's group of rollouts gets equal or differing rewards, as the script says)."""
+
+    def __init__(self, tokenizer, answers: dict[str, list[str]]) -> None:
+        self.tokenizer, self.answers, self.calls = tokenizer, answers, Counter()
+
+    async def acomplete(self, prompt, transcript, *, stop, max_tokens):
+        from ps_agent.llms import Completion
+
+        question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
+        answer = self.answers[question][self.calls[question] % len(self.answers[question])]
+        self.calls[question] += 1
+        text = f"<think>I know this.</think>\n<answer>{answer}</answer>"
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return Completion(text, prompt[-1]["content"], None, len(ids), ids, [-0.1] * len(ids), "stop")
+
+
+def dynamic_sampling_setup(tokenizer, tmp_path, oversample: int):
+    rows = [
+        {"prompt": f"Question {name}?", "golden_answers": ["right"], "question_type": "comparison", "id": name}
+        for name in ("always", "never", "mixed-1", "mixed-2", "always-2")
+    ]
+    script = {"always": ["right"], "never": ["wrong"], "mixed-1": ["right", "wrong"], "mixed-2": ["wrong", "right"],
+              "always-2": ["right"]}  # fmt: skip
+    policy = ScriptedAnswers(tokenizer, {f"Question {k}?": v for k, v in script.items()})
+    settings = RolloutSettings(retriever=SleepyRetriever(), dynamic_sampling=2, oversample=oversample)
+    rollout = AgentRollout(settings, rows, tmp_path)
+    rollout._policy = lambda trainer, n: policy  # the scripted policy instead of the trainer's model
+    return rollout, SimpleNamespace(train=lambda mode: None, eval=lambda: None, training=True)
+
+
+def test_dynamic_sampling_puts_a_group_whose_rewards_differ_in_the_place_of_one_whose_rewards_are_equal(
+    smollm2_path, tmp_path
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    rollout, model = dynamic_sampling_setup(tokenizer, tmp_path, oversample=3)
+    trainer = trainer_double(model, tokenizer, num_generations=2)
+    batch = rollout(["Question always?"] * 2 + ["Question mixed-1?"] * 2, trainer)
+    # the pool is never, mixed-2 and always-2 (3 = oversample x 1 dead group): only mixed-2's rewards differ
+    assert [t["question"] for t in batch["trajectory"]] == ["Question mixed-2?"] * 2 + ["Question mixed-1?"] * 2
+    assert [t["answer"] for t in batch["trajectory"]] == ["wrong", "right", "right", "wrong"]
+    assert batch["golden_answers"] == [["right"]] * 4  # the replacement's own columns go to the reward functions
+    assert len(batch["completion_ids"]) == 4
+    logged = dict(trainer._log_metric.calls)
+    assert logged["rollout/frac_reward_zero_std_before"] == 0.5
+    assert logged["rollout/resampled_questions"] == 3 and logged["rollout/resample_rounds"] == 1
+    assert [r["question"] for r in read_trajectories(tmp_path)] == [t["question"] for t in batch["trajectory"]]
+
+
+def test_dynamic_sampling_keeps_a_dead_group_when_no_fresh_question_varies(smollm2_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    rollout, model = dynamic_sampling_setup(tokenizer, tmp_path, oversample=1)
+    rollout.rows = {p: r for p, r in rollout.rows.items() if "mixed-2" not in p}  # nothing left that varies
+    trainer = trainer_double(model, tokenizer, num_generations=2)
+    batch = rollout(["Question never?"] * 2 + ["Question mixed-1?"] * 2, trainer)
+    assert [t["question"] for t in batch["trajectory"]] == ["Question never?"] * 2 + ["Question mixed-1?"] * 2
+    logged = dict(trainer._log_metric.calls)
+    assert logged["rollout/resample_rounds"] == 2 and logged["rollout/resampled_questions"] == 2  # always, always-2
+
+
+def test_dynamic_sampling_is_refused_where_ranks_must_stay_in_step():
+    with pytest.raises(ValueError, match=r"dynamic sampling.*--dynamic_sampling 0"):
+        RolloutSettings(backend="trl-vllm", dynamic_sampling=1)
 
 
 def test_token_sequences_of_a_hand_made_trajectory(smollm2_path):
@@ -296,6 +369,33 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     main(grpo_args(tiny_model, out, "--max_steps", "3", "--resume_from_checkpoint", str(out / "checkpoint-1")))
     records = read_trajectories(out)
     assert sorted(r["step"] for r in records) == [0, 0, 1, 1, 2, 2]
+
+
+def test_ctrl_c_leaves_the_log_and_checkpoint_whole_and_the_run_resumes(tiny_model, tmp_path):
+    """SIGINT (Ctrl-C) to a real GRPO run once checkpoint-1 is written: the log's lines are whole, and
+    ``--resume_from_checkpoint True`` continues from the newest checkpoint with every step logged once."""
+    out = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "training" / "run_grpo.py"), *grpo_args(tiny_model, out, "--max_steps", "12")]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoint-1" / "trainer_state.json").is_file() and process.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint-1 after 300 s"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0 and "KeyboardInterrupt" in stderr  # stopped by the Ctrl-C, not finished
+    lines = (out / "trajectories-0.jsonl").read_text().splitlines()
+    assert len(lines) >= 2 and all(json.loads(line)["step"] >= 0 for line in lines)  # every line whole
+    assert not (out / "final").exists()
+    from training.run_grpo import main
+
+    main(grpo_args(tiny_model, out, "--max_steps", "12", "--resume_from_checkpoint", "True"))
+    steps = sorted(r["step"] for r in read_trajectories(out))
+    assert steps == sorted([*range(12)] * 2)  # 2 rollouts a step, each step once: none lost, none twice
 
 
 @pytest.mark.slow
@@ -467,39 +567,90 @@ def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_
 
 
 @pytest.mark.slow
-def test_openai_backend_hot_loads_the_adapter_into_vllm(vllm_server, smollm2_path, tmp_path):
-    from training.run_grpo import main
+def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_run_for_a_resume(
+    smollm2_path, tmp_path, monkeypatch
+):
+    """--backend vllm-cpu: the script starts a real vllm-cpu server and stops it; the server is killed after
+    step 1, the run stops saying how to resume, and the resumed run's server serves the newest policy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+    import training.run_grpo as run_grpo
+    from ps_agent.llms import chat_prompt_ids, load_adapter_model
+    from ps_agent.llms.vllm_server import VLLMServer
+
+    servers: list[VLLMServer] = []
+
+    class RecordedServer(VLLMServer):  # the real server, remembered so the test can kill it and ask it
+        def start(self):
+            servers.append(self)
+            return super().start()
+
+    class KillServerAfterStep1(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # the server and its engine and workers, as the OOM killer might
+                os.killpg(servers[-1].process.pid, signal.SIGKILL)
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Who wrote Hamlet?"}])
+    served: list[dict] = []
+
+    class AskServerAtTheEnd(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            body = {"model": str(smollm2_path), "prompt": prompt, "max_tokens": 12, "temperature": 0.0,
+                    "return_token_ids": True}  # fmt: skip
+            served.append(httpx.post(f"{servers[-1].base_url}/completions", json=body, timeout=120).json())
+
+    monkeypatch.setattr(run_grpo, "VLLMServer", RecordedServer)
     out = tmp_path / "run"
-    main(
-        [
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            "2",
-            "--limit",
-            "1",
-            "--num_generations",
-            "2",
-            "--per_device_train_batch_size",
-            "2",
-            "--max_new_tokens",
-            "32",
-            "--max_turns",
-            "1",
-            "--backend",
-            "openai",
-            "--openai_base_url",
-            vllm_server,
-            "--lora_r",
-            "16",
-        ]
-    )
-    served = {m["id"] for m in httpx.get(f"{vllm_server}/models").json()["data"]}
-    assert {"policy-step-0", "policy-step-1"} <= served  # loaded after each optimizer step
-    assert (out / "adapters" / "policy-step-1" / "adapter_model.safetensors").is_file()
-    records = read_trajectories(out)
-    assert len(records) == 4 and all(r["turns"] for r in records)
+    flags = [
+        "--output_dir",
+        str(out),
+        "--limit",
+        "1",
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_new_tokens",
+        "32",
+        "--max_turns",
+        "1",
+        "--backend",
+        "vllm-cpu",
+        "--save_steps",
+        "1",
+        "--learning_rate",
+        "5e-3",
+        "--max_steps",
+        "3",
+    ]  # fmt: skip  (a rate that visibly moves the policy)
+    with pytest.raises(SystemExit, match=r"(?s)rollout server exited.*checkpoint-1.*--resume_from_checkpoint True"):
+        run_grpo.main(flags, callbacks=[KillServerAfterStep1()])
+    run_grpo.main([*flags, "--resume_from_checkpoint", "True"], callbacks=[AskServerAtTheEnd()])
+    assert len(servers) == 2 and all(s.process.poll() is not None for s in servers)  # each stopped with its run
+    assert sorted(r["step"] for r in read_trajectories(out)) == [0, 0, 1, 1, 2, 2]
+    assert [p.name for p in (out / "served-policy").iterdir()] == ["step-2"]  # the last rollouts' weights only
+
+    def greedy(model) -> list[int]:
+        return model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
+
+    newest = greedy(load_adapter_model(out / "checkpoint-2", smollm2_path)[0])
+    assert newest != greedy(AutoModelForCausalLM.from_pretrained(smollm2_path))  # two steps changed the policy
+    assert served[0]["choices"][0]["token_ids"] == newest  # and the server answers as that policy
+
+
+def test_vllm_cpu_backend_is_refused_with_the_reason_when_its_virtualenv_cannot_be_built(tmp_path, monkeypatch):
+    import ps_agent.llms.vllm_server as vllm_server
+    from training.run_grpo import rollout_server
+
+    monkeypatch.setattr(vllm_server, "cache_dir", lambda: tmp_path)
+    (tmp_path / "vllm-venv").write_text("a file where the virtualenv should go")
+    with (
+        pytest.raises(SystemExit, match=r"(?s)cannot create a virtualenv.*--backend hf"),
+        rollout_server("smollm2", str(tmp_path / "run")),
+    ):
+        pass
 
 
 def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_dropped(tmp_path):

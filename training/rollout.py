@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import torch
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
 from ps_agent.llms.trl_vllm import TRLVLLMPolicy
+from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, decomposed, format_valid, question_class, reward_components
 from ps_agent.trajectories import TrajectoryLog, summarise, timeline_of
@@ -36,7 +40,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RolloutSettings:
-    """How rollouts run. ``retriever`` is a retriever object or spec (None: the embedded corpus)."""
+    """How rollouts run. ``retriever`` is a retriever object or spec (None: the embedded corpus); a row with a
+    ``corpus`` (a corpus jsonl path) is searched in that corpus instead.
+
+    ``dynamic_sampling``: rounds of DAPO's dynamic sampling per batch (0: off). A group whose rewards are all
+    equal has zero advantage and teaches nothing; each round draws ``oversample`` × as many fresh training
+    questions as there are such groups, rolls each out ``num_generations`` times, and puts the groups whose
+    rewards differ in their place.
+
+    ``weight_sync`` (the ``openai`` backend): how the server gets each optimizer step's policy: ``lora`` loads the
+    adapter (``--enable-lora``), ``reload`` swaps in the merged weights (a ``VLLMServer(reloadable=True)``)."""
 
     backend: str = "hf"
     mode: str = "parallel"
@@ -49,12 +62,28 @@ class RolloutSettings:
     retriever: Any = None
     openai_base_url: str | None = None
     reward_weights: RewardWeights = field(default_factory=RewardWeights)
+    dynamic_sampling: int = 0
+    oversample: int = 2
+    seed: int = 0
+    weight_sync: str = "lora"
 
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "openai", "trl-vllm"):
             raise ValueError(f"backend must be 'hf', 'openai' or 'trl-vllm', got {self.backend!r}")
         if self.backend == "openai" and not self.openai_base_url:
             raise ValueError("the openai backend needs openai_base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.weight_sync not in ("lora", "reload"):
+            raise ValueError(f"weight_sync must be 'lora' or 'reload', got {self.weight_sync!r}")
+        if self.dynamic_sampling < 0 or self.oversample < 1:
+            raise ValueError(
+                f"dynamic_sampling must be >= 0 rounds and oversample >= 1, got {self.dynamic_sampling} and "
+                f"{self.oversample}"
+            )
+        if self.dynamic_sampling and self.backend == "trl-vllm":
+            raise ValueError(
+                "dynamic sampling draws a different number of rollouts on each rank, which TRL's vLLM generation "
+                "(every rank in step) cannot serve: use --backend hf, openai or vllm-cpu, or --dynamic_sampling 0"
+            )
 
 
 def token_sequences(
@@ -133,9 +162,34 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         log_metric(name, value)
 
 
+def save_merged(model: Any, folder: Path) -> None:
+    """A model folder of ``model``'s weights, a PEFT model's LoRA adapter merged into its base weights (the
+    training model is left as it was)."""
+    if not hasattr(model, "merge_adapter"):
+        model.save_pretrained(folder)
+        return
+    with torch.no_grad():
+        model.merge_adapter()
+        try:
+            state = {
+                name.replace(".base_layer", ""): tensor.detach().clone()
+                for name, tensor in model.get_base_model().state_dict().items()
+                if "lora_" not in name
+            }
+        finally:
+            model.unmerge_adapter()
+    model.get_base_model().save_pretrained(folder, state_dict=state)
+
+
+def zero_std_groups(totals: Sequence[float], group_size: int) -> list[int]:
+    """Indexes of the groups (consecutive runs of ``group_size``) whose rewards are all equal."""
+    groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
+    return [g for g, values in enumerate(groups) if max(values) - min(values) < 1e-9]
+
+
 class AgentRollout:
     """TRL ``rollout_func``: one agent rollout per prompt, its trajectory for the reward functions, a log line
-    and the rollout metrics."""
+    and the rollout metrics; with ``settings.dynamic_sampling``, zero-variance groups are replaced."""
 
     def __init__(self, settings: RolloutSettings, rows: Sequence[dict[str, Any]], output_dir: str | Path) -> None:
         self.settings = settings
@@ -164,21 +218,30 @@ class AgentRollout:
             )
         return TRLVLLMPolicy(trainer, rollouts)
 
-    def _sync_adapter(self, trainer: Any) -> str:
-        """After each optimizer step: save the LoRA adapter and load it into the server under a new name."""
+    def _sync_adapter(self, trainer: Any) -> str | None:
+        """After each optimizer step, give the server the new policy: save the LoRA adapter and load it under a
+        new name, unloading the one before (``lora``), or reload the merged weights (``reload``: the served
+        model keeps its name, ``None`` here asks the server for it)."""
         step = trainer.state.global_step
         if step != self._adapter_step:
-            name = f"policy-step-{step}"
-            path = (self.output_dir / "adapters" / name).resolve()
+            url, model = self.settings.openai_base_url, trainer.accelerator.unwrap_model(trainer.model)
+            name = None if self.settings.weight_sync == "reload" else f"policy-step-{step}"
             if trainer.accelerator.is_main_process:
-                trainer.accelerator.unwrap_model(trainer.model).save_pretrained(path)
-                root = self.settings.openai_base_url.rstrip("/").removesuffix("/v1")
-                response = httpx.post(
-                    f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120
-                )
-                if response.status_code != 200:
-                    raise RuntimeError(f"loading adapter {name} into {root} failed: {response.text}")
-                logger.info("loaded adapter %s into %s", name, root)
+                if self.settings.weight_sync == "reload":
+                    folder = self.output_dir / "served-policy" / f"step-{step}"
+                    save_merged(model, folder)
+                    reload_weights(url, folder)
+                    for old in folder.parent.glob("step-*"):
+                        if old != folder:
+                            shutil.rmtree(old, ignore_errors=True)
+                    logger.info("reloaded %s with the policy of step %d", url, step)
+                else:
+                    path = (self.output_dir / "adapters" / name).resolve()
+                    model.save_pretrained(path)
+                    load_adapter(url, name, path)
+                    logger.info("loaded adapter %s into %s", name, url)
+                    if self._adapter_name is not None:
+                        unload_adapter(url, self._adapter_name)
             trainer.accelerator.wait_for_everyone()
             self._adapter_step, self._adapter_name = step, name
         return self._adapter_name
@@ -189,22 +252,25 @@ class AgentRollout:
         missing = [p for p in prompts if p not in self.rows]
         if missing:
             raise KeyError(f"rollout prompt not in the training rows: {missing[0]!r}")
-        policy = self._policy(trainer, len(prompts))
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
+        started = time.monotonic()
         try:
-            outs = asyncio.run(self._run_all(prompts, policy))
+            outs = self._rollouts(prompts, trainer)
+            if self.settings.dynamic_sampling:
+                prompts, outs = self._refill(list(prompts), outs, trainer)
         finally:
             model.train(was_training)
-        self.generation_batches = getattr(policy, "batch_sizes", [])
+        seconds = time.monotonic() - started
 
         max_length = getattr(getattr(trainer, "args", None), "max_completion_length", None)
         sequences = [token_sequences(out["trajectory"], trainer.processing_class, max_length) for out in outs]
         step, weights = trainer.state.global_step, self.settings.reward_weights
+        rows = [self.rows[prompt] for prompt in prompts]
         records = [
-            rollout_record(out, self.rows[prompt], step, seq["truncated"], weights)
-            for prompt, out, seq in zip(prompts, outs, sequences, strict=True)
+            rollout_record(out, row, step, seq["truncated"], weights)
+            for row, out, seq in zip(rows, outs, sequences, strict=True)
         ]
         log = TrajectoryLog(self.output_dir / f"trajectories-{trainer.accelerator.process_index}.jsonl")
         for record in records:
@@ -212,29 +278,91 @@ class AgentRollout:
         # TRL's log_metric hook (the one it hands reward functions): averaged over the logging step and across
         # processes, beside TRL's own metrics
         log_rollout_metrics(records, trainer._log_metric)
+        generated = sum(turn["completion_tokens"] or 0 for record in records for turn in record["turns"])
+        trainer._log_metric("rollout/seconds", seconds)  # every rollout of the batch, resampled ones included
+        trainer._log_metric("rollout/kept_tokens_per_s", generated / seconds)  # sampled tokens trained on
+        # the question columns go back too: dynamic sampling may have put other questions in a group's place,
+        # and TRL hands these fields to the reward functions instead of the dataset's
         return {
             key: [seq[key] for seq in sequences] for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")
-        } | {"trajectory": [out["trajectory"] for out in outs]}
+        } | {
+            "trajectory": [out["trajectory"] for out in outs],
+            "golden_answers": [row["golden_answers"] for row in rows],
+            "question_type": [row["question_type"] for row in rows],
+        }
+
+    def _rollouts(self, prompts: list[str], trainer: Any) -> list[dict[str, Any]]:
+        policy = self._policy(trainer, len(prompts))
+        outs = asyncio.run(self._run_all(prompts, policy))
+        self.generation_batches = getattr(policy, "batch_sizes", [])
+        return outs
+
+    def _total(self, prompt: str, out: dict[str, Any]) -> float:
+        """The reward the reward functions will give this rollout (their sum)."""
+        row = self.rows[prompt]
+        weights = self.settings.reward_weights
+        return reward_components(out["trajectory"], row["golden_answers"], row["question_type"], weights)["total"]
+
+    def _refill(
+        self, prompts: list[str], outs: list[dict[str, Any]], trainer: Any
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """DAPO's dynamic sampling: put groups of fresh questions whose rewards differ in the place of groups
+        whose rewards are all equal, for up to ``dynamic_sampling`` rounds."""
+        size = trainer.num_generations
+        starts = range(0, len(prompts), size)
+        if len(prompts) % size or any(len(set(prompts[i : i + size])) != 1 for i in starts):
+            logger.warning("dynamic sampling skipped: this process's prompts are not whole groups of %d", size)
+            return prompts, outs
+        zero = zero_std_groups([self._total(p, o) for p, o in zip(prompts, outs, strict=True)], size)
+        groups = len(prompts) // size
+        trainer._log_metric("rollout/frac_reward_zero_std_before", len(zero) / groups)
+        rng = random.Random(f"{self.settings.seed}-{trainer.state.global_step}-{trainer.accelerator.process_index}")
+        pool = sorted(set(self.rows) - set(prompts))
+        rng.shuffle(pool)
+        drawn = rounds = 0
+        while zero and pool and rounds < self.settings.dynamic_sampling:
+            rounds += 1
+            fresh, pool = pool[: self.settings.oversample * len(zero)], pool[self.settings.oversample * len(zero) :]
+            drawn += len(fresh)
+            tried = [p for p in fresh for _ in range(size)]
+            tried_outs = self._rollouts(tried, trainer)
+            kept = [g for g in range(len(fresh)) if g not in set(zero_std_groups(
+                [self._total(p, o) for p, o in zip(tried, tried_outs, strict=True)], size))]  # fmt: skip
+            for g in kept[: len(zero)]:
+                slot = zero.pop(0) * size
+                prompts[slot : slot + size] = tried[g * size : (g + 1) * size]
+                outs[slot : slot + size] = tried_outs[g * size : (g + 1) * size]
+        trainer._log_metric("rollout/resample_rounds", float(rounds))
+        trainer._log_metric("rollout/resampled_questions", float(drawn))
+        return prompts, outs
 
     async def _run_all(self, prompts: list[str], policy: Any) -> list[dict[str, Any]]:
-        s = self.settings
-        agent = ParallelSearchAgent(
+        return await run_agents([self.rows[p] for p in prompts], policy, self.settings)
+
+
+async def run_agents(rows: Sequence[dict[str, Any]], policy: Any, settings: RolloutSettings) -> list[dict[str, Any]]:
+    """The agent's run on each training row with ``policy``, all concurrently; a row with a ``corpus`` is
+    searched there, the others in ``settings.retriever``."""
+    agents: dict[Any, ParallelSearchAgent] = {}
+    for corpus in {row.get("corpus") for row in rows}:
+        agents[corpus] = ParallelSearchAgent(
             llm=policy,
-            retriever=s.retriever,
-            mode=s.mode,
-            max_turns=s.max_turns,
-            topk=s.topk,
-            max_new_tokens=s.max_new_tokens,
-            demonstration=s.demonstration,
+            retriever=settings.retriever if corpus is None else corpus,
+            mode=settings.mode,
+            max_turns=settings.max_turns,
+            topk=settings.topk,
+            max_new_tokens=settings.max_new_tokens,
+            demonstration=settings.demonstration,
         )
-        if isinstance(policy, TRLVLLMPolicy):
-            return await policy.run([agent.ainvoke({"question": p}) for p in prompts])
+    runs = [agents[row.get("corpus")].ainvoke({"question": row["prompt"]}) for row in rows]
+    if isinstance(policy, TRLVLLMPolicy):
+        return await policy.run(runs)
 
-        async def one(prompt: str) -> dict[str, Any]:
-            try:
-                return await agent.ainvoke({"question": prompt})
-            finally:
-                if isinstance(policy, TransformersPolicy):
-                    policy.expected -= 1  # a finished rollout leaves the batch
+    async def one(run: Any) -> dict[str, Any]:
+        try:
+            return await run
+        finally:
+            if isinstance(policy, TransformersPolicy):
+                policy.expected -= 1  # a finished rollout leaves the batch
 
-        return await asyncio.gather(*(one(p) for p in prompts))
+    return await asyncio.gather(*(one(r) for r in runs))

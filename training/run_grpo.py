@@ -11,10 +11,12 @@ the YAML file given with ``--config``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import adapter_base, embedded_model_path
+from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import (
     QUESTION_CLASSES,
     RewardWeights,
@@ -73,11 +76,21 @@ class ParallelSearchArguments:
     backend: str = field(
         default="hf",
         metadata={
-            "help": "hf, openai (vLLM with LoRA hot-loading) or trl-vllm",
-            "choices": ["hf", "openai", "trl-vllm"],
+            "help": "hf (the trainer's model generates), vllm-cpu (a vLLM server on this machine's CPU, started and "
+            "stopped by this script, loaded with the newest adapter after every optimizer step), openai (such a "
+            "server already running, --openai_base_url) or trl-vllm (TRL's vLLM integration)",
+            "choices": ["hf", "vllm-cpu", "openai", "trl-vllm"],
         },
     )
     openai_base_url: str | None = field(default=None, metadata={"help": "the openai backend's server, .../v1"})
+    dynamic_sampling: int = field(
+        default=0,
+        metadata={
+            "help": "rounds of DAPO dynamic sampling per batch (0: off): groups whose rewards are all equal are "
+            "replaced by groups of fresh questions whose rewards differ"
+        },
+    )
+    oversample: int = field(default=2, metadata={"help": "fresh questions drawn per zero-variance group per round"})
     mode: str = field(default="parallel", metadata={"help": "parallel or sequential (Search-R1 baseline)"})
     max_turns: int = 2
     topk: int = 2
@@ -178,6 +191,43 @@ def trainable_adapter(adapter: str, base: str) -> Any:
     return PeftModel.from_pretrained(model, adapter, is_trainable=True)
 
 
+@contextlib.contextmanager
+def rollout_server(model: str, output_dir: str) -> Iterator[VLLMServer]:
+    """The vllm-cpu server of ``--backend vllm-cpu``, stopped when the run ends however it ends; a virtualenv
+    that cannot be built or a server that does not start is refused with the reason and what to use instead."""
+    server = VLLMServer(model, lora_rank=0, reloadable=True, kv_cache_gib=1, log=Path(output_dir) / "vllm-server.log")
+    try:
+        server.start()
+    except VLLMUnavailable as exc:
+        raise SystemExit(
+            f"--backend vllm-cpu: {exc}\nUse --backend hf (slower rollouts, no server), or --backend openai "
+            "--openai_base_url URL with a vLLM server you started."
+        ) from exc
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def server_died(server: VLLMServer, output_dir: str) -> str:
+    """The message a run stops with when its vllm-cpu server dies: the server's last words and how to resume."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoint = get_last_checkpoint(output_dir)
+    resume = (
+        f"the last checkpoint is {checkpoint}: rerun the same command with --resume_from_checkpoint True"
+        if checkpoint
+        else "no checkpoint was saved yet: rerun the same command"
+    )
+    state = (
+        "stopped answering /health" if server.process.poll() is None else f"exited (code {server.process.returncode})"
+    )
+    return (
+        f"the vllm-cpu rollout server {state} during training; {resume}.\n"
+        f"Its log ({server.log}) ends:\n{server.log_tail(2000)}"
+    )
+
+
 def parse(argv: list[str] | None = None):
     """``(ParallelSearchArguments, GRPOConfig)`` from flags and ``--config``, over this script's CPU defaults."""
     from trl import GRPOConfig, TrlParser
@@ -199,42 +249,56 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
-    settings = RolloutSettings(
-        backend=args.backend,
-        mode=args.mode,
-        max_turns=args.max_turns,
-        topk=args.topk,
-        max_new_tokens=args.max_new_tokens,
-        demonstration=use_demonstration(args),
-        temperature=config.temperature,
-        top_p=config.top_p,
-        retriever=args.corpus,
-        openai_base_url=args.openai_base_url,
-        reward_weights=weights,
-    )
-    model, peft_config = path, None
-    if args.init_adapter:
-        model = trainable_adapter(args.init_adapter, path)
-    elif args.use_lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            target_modules=args.lora_target_modules.split(","),
-            task_type="CAUSAL_LM",
+    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint)
+    with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
+        server = None
+        if args.backend == "vllm-cpu":
+            server = stack.enter_context(rollout_server(path, config.output_dir))
+        settings = RolloutSettings(
+            backend="openai" if args.backend == "vllm-cpu" else args.backend,
+            mode=args.mode,
+            max_turns=args.max_turns,
+            topk=args.topk,
+            max_new_tokens=args.max_new_tokens,
+            demonstration=use_demonstration(args),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            retriever=args.corpus,
+            openai_base_url=server.base_url if server else args.openai_base_url,
+            reward_weights=weights,
+            dynamic_sampling=args.dynamic_sampling,
+            oversample=args.oversample,
+            seed=config.seed,
+            weight_sync="reload" if server else "lora",
         )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_functions(weights),
-        args=config,
-        train_dataset=to_dataset(rows),
-        processing_class=AutoTokenizer.from_pretrained(path),
-        peft_config=peft_config,
-        rollout_func=AgentRollout(settings, rows, config.output_dir),
-        callbacks=callbacks,
-    )
-    trainer.train(resume_from_checkpoint=prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint))
+        model, peft_config = path, None
+        if args.init_adapter:
+            model = trainable_adapter(args.init_adapter, path)
+        elif args.use_lora:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(
+                r=args.lora_r,
+                lora_alpha=args.lora_alpha,
+                target_modules=args.lora_target_modules.split(","),
+                task_type="CAUSAL_LM",
+            )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward_functions(weights),
+            args=config,
+            train_dataset=to_dataset(rows),
+            processing_class=AutoTokenizer.from_pretrained(path),
+            peft_config=peft_config,
+            rollout_func=AgentRollout(settings, rows, config.output_dir),
+            callbacks=callbacks,
+        )
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except Exception as exc:
+            if server is not None and not server.healthy():
+                raise SystemExit(server_died(server, config.output_dir)) from exc
+            raise
     final = Path(config.output_dir) / "final"
     trainer.save_model(str(final))
     logger.info("saved the trained %s to %s", "adapter" if peft_config else "model", final)
