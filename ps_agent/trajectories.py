@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -102,9 +103,17 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     decomposition by class (``metrics.behaviour``)."""
     if not records:
         return {"rollouts": 0}
+    groups: dict[tuple[Any, str], list[float]] = {}  # a step's rollouts of one question: a GRPO group
+    for r in records:
+        groups.setdefault((r["step"], r["question"]), []).append(r["rewards"]["total"])
+    sized = [totals for totals in groups.values() if len(totals) > 1]
+    classes = Counter(r["question_class"] for r in records)
     return {
         "rollouts": len(records),
         "steps": len({r["step"] for r in records}),
         "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
         **behaviour([r | r["stats"] for r in records]),  # the agent's stats count the search rounds the log lists
+        # collapse signals: groups whose rewards are all equal teach nothing; the mix of classes trained on
+        "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
+        "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},
     }

@@ -149,7 +149,9 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
     batch = rollout(prompts, trainer)
     assert model.training  # generation ran in eval mode, then training mode was restored
     assert rollout.generation_batches[0] == 4  # the first turn of all four rollouts is one batch
-    assert set(batch) == {"prompt_ids", "completion_ids", "env_mask", "logprobs", "trajectory"}
+    assert set(batch) == {"prompt_ids", "completion_ids", "env_mask", "logprobs", "trajectory", "golden_answers",
+                          "question_type"}  # fmt: skip
+    assert batch["golden_answers"] == [rows[0]["golden_answers"]] * 2 + [rows[1]["golden_answers"]] * 2
     assert [t["question"] for t in batch["trajectory"]] == prompts
     records = read_trajectories(tmp_path)
     assert [r["question"] for r in records] == prompts
@@ -258,6 +260,21 @@ def test_dynamic_sampling_keeps_a_dead_group_when_no_fresh_question_varies(smoll
     assert [t["question"] for t in batch["trajectory"]] == ["Question never?"] * 2 + ["Question mixed-1?"] * 2
     logged = dict(trainer._log_metric.calls)
     assert logged["rollout/resample_rounds"] == 2 and logged["rollout/resampled_questions"] == 2  # always, always-2
+
+
+def test_trajectories_summary_shows_dead_groups_and_the_class_mix():
+    def record(step, question, total, cls):
+        rewards = dict.fromkeys(("outcome", "decomposition", "search_count", "format"), 0.0) | {"total": total}
+        stats = {"forced_answer": False, "search_rounds": 1}
+        return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
+                "decomposed": False, "stats": stats}  # fmt: skip
+
+    records = [record(0, "a", 1.0, "sequential"), record(0, "a", 1.0, "sequential"),  # dead: all equal
+               record(0, "b", 0.0, "single-hop"), record(0, "b", 1.1, "single-hop"),
+               record(1, "a", 0.2, "sequential"), record(1, "a", 0.1, "sequential")]  # fmt: skip
+    summary = summarise(records)
+    assert summary["zero_std_groups"] == pytest.approx(1 / 3)  # the same question at another step is another group
+    assert summary["class_mix"] == {"sequential": 4 / 6, "single-hop": 2 / 6}
 
 
 def test_dynamic_sampling_is_refused_where_ranks_must_stay_in_step():

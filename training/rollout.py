@@ -158,6 +158,7 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         "rollout/failed_searches": float(sum(r["stats"]["failed_searches"] for r in records)),
         "rollout/truncated_frac": mean([float(r["truncated"]) for r in records]),
     } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
+    metrics |= {f"rollout/class_frac/{cls}": v for cls, v in summary["class_mix"].items()}
     for name, value in metrics.items():
         log_metric(name, value)
 

