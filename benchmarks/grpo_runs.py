@@ -1,0 +1,94 @@
+"""Curves of GRPO runs from their logs: rewards by component, dead groups before and after dynamic sampling,
+rollout time, per optimizer step.
+
+    python benchmarks/grpo_runs.py --run grpo-parallel=runs/grpo-parallel --run grpo-sequential=runs/grpo-sequential
+
+Each run folder's newest ``checkpoint-*/trainer_state.json`` holds TRL's log history; ``trajectories-*.jsonl`` the
+rollouts. Writes ``benchmarks/results/grpo_runs.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ps_agent.trajectories import read_trajectories, summarise  # noqa: E402
+
+KEYS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "outcome": "rewards/outcome_reward/mean",
+    "decomposition": "rewards/decomposition_reward/mean",
+    "search_count": "rewards/search_count_reward/mean",
+    "format": "rewards/format_reward/mean",
+    "dead_groups_before": "rollout/frac_reward_zero_std_before",
+    "dead_groups_after": "frac_reward_zero_std",
+    "decomposed_parallelisable": "rollout/decomposed_frac/parallelisable",
+    "decomposed_sequential": "rollout/decomposed_frac/sequential",
+    "format_valid": "rollout/format_valid_frac",
+    "rollout_s": "rollout/seconds",
+    "rollout_tokens_per_s": "rollout/kept_tokens_per_s",
+    "step_time_s": "step_time",
+}
+
+
+def curves(folder: Path) -> dict:
+    checkpoints = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not checkpoints:
+        raise SystemExit(f"{folder} has no checkpoint-*/trainer_state.json")
+    state = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+    steps = [e for e in state["log_history"] if "reward" in e]
+    records = [r for r in read_trajectories(folder) if r["step"] < state["global_step"]]
+    return {
+        "checkpoint": str(checkpoints[-1]),
+        "steps": [{"step": e["step"]} | {k: e.get(v) for k, v in KEYS.items()} for e in steps],
+        "rollouts": summarise(records),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="append", required=True, help="NAME=RUN_DIR, repeatable")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "grpo_runs")
+    args = parser.parse_args()
+    runs = {name: curves(Path(folder)) for name, _, folder in (r.partition("=") for r in args.run)}
+    result = {"command": "python benchmarks/grpo_runs.py " + " ".join(sys.argv[1:]), "runs": runs}
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# GRPO runs, per optimizer step\n\n`{result['command']}`\n"]
+    cols = ["step", "reward", "outcome", "decomposition", "search_count", "format", "dead_groups_before",
+            "dead_groups_after", "decomposed_parallelisable", "decomposed_sequential", "rollout_s",
+            "step_time_s"]  # fmt: skip
+    for name, run in runs.items():
+        lines += [f"## {name} ({run['checkpoint']})\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for row in run["steps"]:
+            lines.append("| " + " | ".join("" if row[c] is None else f"{row[c]:.3g}" for c in cols) + " |")
+        lines.append("")
+    args.out.with_suffix(".md").write_text("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ("reward", "outcome", "dead_groups_before", "decomposed_parallelisable")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, key in zip(axes, panels, strict=True):
+        for name, run in runs.items():
+            points = [(r["step"], r[key]) for r in run["steps"] if r[key] is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=name)
+        ax.set_title(key)
+        ax.set_xlabel("optimizer step")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
