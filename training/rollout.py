@@ -327,8 +327,8 @@ class AgentRollout:
             drawn += len(fresh)
             tried = [p for p in fresh for _ in range(size)]
             tried_outs = self._rollouts(tried, trainer)
-            kept = [g for g in range(len(fresh)) if g not in set(zero_std_groups(
-                [self._total(p, o) for p, o in zip(tried, tried_outs, strict=True)], size))]  # fmt: skip
+            dead = set(zero_std_groups([self._total(p, o) for p, o in zip(tried, tried_outs, strict=True)], size))
+            kept = [g for g in range(len(fresh)) if g not in dead]
             for g in kept[: len(zero)]:
                 slot = zero.pop(0) * size
                 prompts[slot : slot + size] = tried[g * size : (g + 1) * size]

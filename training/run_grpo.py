@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -238,6 +240,24 @@ def parse(argv: list[str] | None = None):
     return args, config
 
 
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While training, SIGTERM raises ``SystemExit`` (as Ctrl-C raises ``KeyboardInterrupt``), so the rollout
+    server is stopped on the way out; the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     """Parse flags (and ``--config``), train, save ``OUTPUT_DIR/final``; ``callbacks`` go to the trainer."""
     from transformers import AutoTokenizer
@@ -251,6 +271,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
     resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint)
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
+        stack.enter_context(sigterm_unwinds())
         server = None
         if args.backend == "vllm-cpu":
             server = stack.enter_context(rollout_server(path, config.output_dir))

@@ -12,6 +12,7 @@ GRPO serves the newest policy after every optimizer step (``training/run_grpo.py
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -69,6 +70,15 @@ def vllm_python(venv: Path | None = None) -> Path:
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *_BROKEN_WHEELS], capture_output=True)
     (venv / ".ready").touch()
     return python
+
+
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # looked up before any fork
+
+
+def _terminated_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (even by SIGKILL or the OOM killer), so a server
+    never outlives the run that started it (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
+    _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 30) -> None:
@@ -144,7 +154,12 @@ class VLLMServer:
         with self.log.open("w") as out:
             # its own process group: stop() ends the engine and worker processes too, even after the server died
             self.process = subprocess.Popen(
-                self.command(python), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command(python),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_terminated_with_parent if _PRCTL is not None else None,
             )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
