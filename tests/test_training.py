@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -584,6 +585,7 @@ def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # two server starts and three real GRPO steps: ~5 min alone, over 10 on a loaded machine
 def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_run_for_a_resume(
     smollm2_path, tmp_path, monkeypatch
 ):
@@ -741,3 +743,25 @@ def test_a_server_process_does_not_outlive_the_run_that_started_it_even_when_kil
     if alive(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the child outlived its killed parent by 30 s")
+
+
+def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_anyway():
+    import asyncio
+    import threading
+
+    from training.rollout import ctrl_c_interrupts
+
+    async def finishes_anyway() -> str:  # a batch whose runs go on when cancelled, as the agents' batch did
+        for _ in range(30):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.1)
+        return "finished"
+
+    def ctrl_c_soon() -> None:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    ctrl_c_soon()
+    assert asyncio.run(finishes_anyway()) == "finished"  # Python's own handling: the Ctrl-C is lost
+    ctrl_c_soon()
+    with pytest.raises(KeyboardInterrupt), ctrl_c_interrupts():
+        asyncio.run(finishes_anyway())

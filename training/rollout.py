@@ -16,11 +16,14 @@ optimizer step: vLLM), and ``trl-vllm`` (TRL's own vLLM integration, ``use_vllm=
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +166,25 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         log_metric(name, value)
 
 
+@contextlib.contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C raises ``KeyboardInterrupt`` at once while rollouts run. Under Python's own handler, ``asyncio.run``
+    turns the first Ctrl-C into a cancellation of the batch, and a batch whose agents finish their runs anyway
+    returned normally: training went on (seen in a real run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def save_merged(model: Any, folder: Path) -> None:
     """A model folder of ``model``'s weights, a PEFT model's LoRA adapter merged into its base weights (the
     training model is left as it was)."""
@@ -294,7 +316,8 @@ class AgentRollout:
 
     def _rollouts(self, prompts: list[str], trainer: Any) -> list[dict[str, Any]]:
         policy = self._policy(trainer, len(prompts))
-        outs = asyncio.run(self._run_all(prompts, policy))
+        with ctrl_c_interrupts():
+            outs = asyncio.run(self._run_all(prompts, policy))
         self.generation_batches = getattr(policy, "batch_sizes", [])
         return outs
 
