@@ -105,7 +105,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         return {"rollouts": 0}
     groups: dict[tuple[Any, str], list[float]] = {}  # a step's rollouts of one question: a GRPO group
     for r in records:
-        groups.setdefault((r["step"], r["question"]), []).append(r["rewards"]["total"])
+        groups.setdefault((r["step"], r.get("question")), []).append(r["rewards"]["total"])
     sized = [totals for totals in groups.values() if len(totals) > 1]
     classes = Counter(r["question_class"] for r in records)
     return {
