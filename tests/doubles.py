@@ -83,7 +83,33 @@ def tool_calls(*queries: str) -> AIMessage:
     )
 
 
-class OpenAIChatDouble:
+def send_json(handler: http.server.BaseHTTPRequestHandler, payload: dict) -> None:
+    """Answer a test double's request with ``payload`` as a 200 JSON response."""
+    body = json.dumps(payload).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+class _ServedDouble:
+    """A ``ThreadingHTTPServer`` on 127.0.0.1 serving ``handler`` while used as a context manager."""
+
+    def _serve(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class OpenAIChatDouble(_ServedDouble):
     """Test double: an OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1 (a thread).
 
     It plays a two-turn agent: a search first (two parallel tool calls, or ``<search>a ## b</search>`` in
@@ -103,18 +129,12 @@ class OpenAIChatDouble:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 double.requests.append(body)
-                payload = json.dumps(double.reply(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(self, double.reply(body))
 
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self._serve(Handler)
 
     def reply(self, body: dict) -> dict:
         messages = body["messages"]
@@ -134,10 +154,30 @@ class OpenAIChatDouble:
             "usage": usage,
         }
 
-    def __enter__(self) -> OpenAIChatDouble:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+class DroppingCompletionsDouble(_ServedDouble):
+    """Test double: a ``/v1/completions`` server that closes the first ``drops`` connections without an answer
+    (as a server closing an idle keep-alive connection the client then reuses), then answers. Counts every
+    request in ``requests``. Use as a context manager."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops, self.requests = drops, 0
+        double = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                double.requests += 1
+                if double.requests <= double.drops:
+                    self.close_connection = True
+                    self.connection.shutdown(2)  # no status line: the client reads a closed connection
+                    return
+                choice = {"text": "<answer>Paris</answer>", "token_ids": [1, 2]}
+                send_json(self, {"choices": [choice | {"logprobs": {"token_logprobs": [-0.1, -0.2]}}]})
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._serve(Handler)

@@ -28,6 +28,7 @@ from ps_agent.llms import (
 )
 from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_chat_prompt, render_information
 from tests.conftest import free_port
+from tests.doubles import DroppingCompletionsDouble
 
 QUESTION = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 
@@ -266,51 +267,14 @@ def test_the_default_agent_decomposes_held_out_comparisons(tmp_path):
         assert format_valid(out["trajectory"]) and not out["stats"]["forced_answer"]
 
 
-class DroppingCompletionsDouble:
-    """Test double: a ``/v1/completions`` server that closes the first ``drops`` connections without an answer
-    (as a server closing an idle keep-alive connection the client then reuses), then answers."""
-
-    def __init__(self, drops: int) -> None:
-        import http.server
-
-        self.drops, self.requests = drops, 0
-        double = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["Content-Length"]))
-                double.requests += 1
-                if double.requests <= double.drops:
-                    self.close_connection = True
-                    self.connection.shutdown(2)  # no status line: the client reads a closed connection
-                    return
-                logprobs = {"token_logprobs": [-0.1, -0.2]}
-                choice = {"text": "<answer>Paris</answer>", "token_ids": [1, 2], "logprobs": logprobs}
-                payload = json.dumps({"choices": [choice]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.mark.parametrize(("drops", "answered"), [(2, True), (3, False)])
 def test_vllm_policy_sends_a_turn_again_when_the_connection_breaks_before_an_answer(smollm2_path, drops, answered):
     from transformers import AutoTokenizer
 
-    double = DroppingCompletionsDouble(drops)
-    policy = OpenAICompletionsPolicy(double.base_url, model="m", tokenizer=AutoTokenizer.from_pretrained(smollm2_path))
     prompt = render_chat_prompt(QUESTION, "parallel")
-    try:
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    with DroppingCompletionsDouble(drops) as double:
+        policy = OpenAICompletionsPolicy(double.base_url, model="m", tokenizer=tokenizer)
         if answered:
             completion = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=8))
             assert completion.token_ids == [1, 2] and double.requests == 3  # two broken, the third answered
@@ -318,5 +282,3 @@ def test_vllm_policy_sends_a_turn_again_when_the_connection_breaks_before_an_ans
             with pytest.raises(httpx.HTTPError):  # three attempts, then the error: a dead server is not retried forever
                 asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=8))
             assert double.requests == 3
-    finally:
-        double.server.shutdown()
