@@ -764,3 +764,18 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     ctrl_c_soon()
     with pytest.raises(KeyboardInterrupt), ctrl_c_interrupts():
         asyncio.run(finishes_anyway())
+
+
+def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
+    import asyncio
+
+    from training.rollout import ctrl_c_interrupts
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for `nohup python training/run_grpo.py ... &`
+    try:
+        with ctrl_c_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert asyncio.run(asyncio.sleep(0.2, result="finished")) == "finished"
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -170,8 +170,9 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
 def ctrl_c_interrupts() -> Iterator[None]:
     """Ctrl-C raises ``KeyboardInterrupt`` at once while rollouts run. Under Python's own handler, ``asyncio.run``
     turns the first Ctrl-C into a cancellation of the batch, and a batch whose agents finish their runs anyway
-    returned normally: training went on (seen in a real run)."""
-    if threading.current_thread() is not threading.main_thread():
+    returned normally: training went on. A process that ignores SIGINT (one a non-interactive shell started in the
+    background, as ``nohup ... &``) keeps ignoring it, as Python and asyncio do: stop such a run with SIGTERM."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
     args, config = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a non-interactive shell's `... &`: Ctrl-C cannot stop it
+        logger.warning("this process ignores SIGINT (started in the background): stop it with `kill %d`", os.getpid())
 
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
