@@ -28,7 +28,7 @@ demo: install
 	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
 test: install browser
-	$(VENV)/bin/pytest -q -ra tests --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb
+	$(VENV)/bin/pytest -q -ra --durations=25 tests --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb
 
 test-fast: install
 	$(VENV)/bin/pytest -q -ra -m "not slow"
