@@ -18,6 +18,7 @@ no corpus of their own: the embedded Wikipedia summaries). Eval folders go to ``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -71,6 +72,32 @@ def parse_policy(spec: str) -> tuple[str, str, str]:
     return name, adapter, mode
 
 
+def policy_identity(adapter: str, mode: str) -> dict:
+    """What an eval folder was made with: the adapter folder and a digest of its weights (a checkpoint folder's
+    name stays while its weights change from run to run), and the mode."""
+    if adapter == "base":
+        return {"adapter": "base", "mode": mode}
+    weights = hashlib.sha256((Path(adapter) / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
+    return {"adapter": str(Path(adapter).resolve()), "weights_sha256": weights, "mode": mode}
+
+
+def claim_eval_folder(folder: Path, identity: dict) -> None:
+    """Evaluation resumes into a folder with results, so a folder of another policy's results is refused (it
+    would be counted as this one's), and a new folder records whose it is in ``policy.json``."""
+    record = folder / "policy.json"
+    if record.is_file():
+        held = json.loads(record.read_text())
+        if held != identity:
+            raise SystemExit(f"{folder} holds the eval of {held}, not of {identity}: give another --run-dir, or "
+                             "remove that folder to evaluate again")  # fmt: skip
+        return
+    if (folder / "results").exists():
+        raise SystemExit(f"{folder} holds eval results without policy.json (whose they are is unknown): give another "
+                         "--run-dir, or remove that folder to evaluate again")  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(identity) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append", required=True, help="NAME=ADAPTER:MODE, repeatable")
@@ -85,6 +112,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")
     args = parser.parse_args()
     policies = [parse_policy(p) for p in args.policy]
+    for name, adapter, mode in policies:  # before the server starts
+        claim_eval_folder(args.run_dir / name, policy_identity(adapter, mode))
     from transformers import AutoTokenizer
 
     started = time.time()

@@ -92,3 +92,27 @@ def test_bad_arguments_say_what_was_expected(runs, args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         paper_table.main([a.format(ours=ours) for a in args])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_comparison_never_counts_another_policys_eval_as_this_ones(tmp_path):
+    """Eval resumes into a folder with results: grpo_compare's folder for a name must hold that very policy's."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import grpo_compare
+
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights after step 2")
+    folder = tmp_path / "compare" / "grpo-parallel"
+    grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))
+    (folder / "results").mkdir()  # evaluated
+    grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))  # resumes
+
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights after step 8")  # same folder, new weights
+    with pytest.raises(SystemExit, match="holds the eval of"):
+        grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))
+    with pytest.raises(SystemExit, match="holds the eval of"):
+        grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity("base", "parallel"))
+    legacy = tmp_path / "compare" / "sft-parallel"
+    (legacy / "results").mkdir(parents=True)  # results from before policy.json: whose is unknown
+    with pytest.raises(SystemExit, match=r"without policy\.json"):
+        grpo_compare.claim_eval_folder(legacy, grpo_compare.policy_identity("base", "parallel"))
