@@ -225,7 +225,9 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             for path, rows in files:
                 written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
 
-    TrajectoryLog(out_dir / "runs.jsonl").append(provenance(settings, [path for path, _ in files]))
+    run = provenance(settings, [path for path, _ in files])
+    check_same_model(out_dir, run)
+    TrajectoryLog(out_dir / "runs.jsonl").append(run)
     run_sync(run_all())  # also from Jupyter, whose event loop is already running
     summary = report(out_dir, problems)
     failed = [r for r in written if r["error"] is not None]
@@ -235,6 +237,22 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             f"LLM and retriever (each error is in {out_dir / 'results'}, the report in {out_dir / 'report.md'})"
         )
     return summary
+
+
+def check_same_model(out_dir: Path, run: dict[str, Any]) -> None:
+    """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
+    other weights (checksums of the model files, where the LLM spec names files on this machine), since their
+    answers would be counted as this model's."""
+    if not (out_dir / "runs.jsonl").is_file() or not any((out_dir / "results").glob("*.jsonl")):
+        return
+    earlier = [r for r in read_records([out_dir / "runs.jsonl"]) if r.get("model_sha1")]
+    if earlier and run["model_sha1"] and earlier[-1]["model_sha1"] != run["model_sha1"]:
+        raise ValueError(
+            f"{out_dir} holds answers of other model weights ({earlier[-1]['settings']['llm']}: "
+            f"{earlier[-1]['model_sha1']}) than this run's ({run['settings']['llm']}: {run['model_sha1']}); a rerun "
+            "there skips the questions already answered and would count those answers as this model's: give "
+            "another output folder, or remove that one to evaluate again"
+        )
 
 
 def model_files(llm: Any) -> list[Path]:

@@ -270,3 +270,26 @@ def test_eval_over_a_built_index_folder(synthetic, tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "not a built index: no manifest.json" in bad.stderr
+
+
+def test_a_rerun_into_a_folder_answered_by_other_weights_is_refused_before_any_question_runs(synthetic, tmp_path):
+    """A rerun skips the questions answered in its folder: answers of other weights would count as this model's."""
+    from ps_agent.eval import check_same_model, provenance
+
+    corpus, questions, rows = synthetic
+    out = tmp_path / "out"
+    evaluate([questions], out, EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",),
+                                            limit=2))  # fmt: skip
+    checkpoint = tmp_path / "checkpoint-2"  # an hf: folder whose weights change while its name stays
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights after step 2")
+    settings = EvalSettings(llm=f"hf:{checkpoint}", retriever=str(corpus), modes=("parallel",), limit=2)
+    with (out / "runs.jsonl").open("a") as log:  # as an eval of checkpoint-2 leaves it
+        log.write(json.dumps(provenance(settings, [questions])) + "\n")
+    check_same_model(out, provenance(settings, [questions]))  # the same weights resume
+    answered = (out / "results" / "synth.parallel.jsonl").read_text()
+
+    (checkpoint / "model.safetensors").write_bytes(b"weights after step 8")
+    with pytest.raises(ValueError, match="holds answers of other model weights"):
+        evaluate([questions], out, settings)
+    assert (out / "results" / "synth.parallel.jsonl").read_text() == answered  # nothing lost or added
