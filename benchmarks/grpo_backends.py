@@ -1,7 +1,7 @@
 """GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts (and trainer settings), side by side in one run.
 
     python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4]
-        [--variants hf,vllm-cpu] [--name grpo_backends]
+        [--micro-batch N] [--variants hf,vllm-cpu] [--name grpo_backends]
 
 Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter on the same questions (a synthetic train
 world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
@@ -11,7 +11,10 @@ AVX512-BF16; the vllm-cpu server is float32 either way). A step is timed from th
 (rollouts, rewards, forward and backward, optimizer); the first step is reported apart (the vllm-cpu server's
 start is outside every step and reported on its own). Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``:
 sampled tokens per second of rollout time. Memory is the trainer process's peak RSS (the server's is apart).
-Speed-ups are against the first variant. Writes ``benchmarks/results/NAME.{json,md}``.
+Speed-ups are against the first variant. A step's rollouts (questions x generations) are trained in micro-batches of
+``--micro-batch`` episodes (default: all at once). A variant whose process dies (the kernel's OOM killer: without
+gradient checkpointing 8 episodes at once took over 20 GB here) is reported as such and the others still run.
+Writes ``benchmarks/results/NAME.{json,md}``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +74,9 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
     timer = StepTimer()
     flags = ["--output_dir", str(out), "--data", str(data), "--corpus", str(corpus), *variant_flags(variant),
              "--init_adapter", str(ROOT / "policies" / "smollm2-parallelsearch"), "--max_steps", str(args.steps),
-             "--num_generations", str(args.num_generations), "--per_device_train_batch_size",
-             str(args.questions * args.num_generations), "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
+             "--num_generations", str(args.num_generations), "--per_device_train_batch_size", str(args.micro_batch),
+             "--gradient_accumulation_steps", str(args.questions * args.num_generations // args.micro_batch),
+             "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
              "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0"]  # fmt: skip
     started = time.monotonic()
     run_grpo.main(flags, callbacks=[timer])
@@ -89,9 +95,12 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
 
 
 def run_apart(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
-    """``run`` in a fresh process, so each variant's peak memory is its own."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(run, (variant, data, corpus, out, args))
+    """``run`` in a fresh process, so each variant's peak memory is its own; a process that dies is reported."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(run, variant, data, corpus, out, args).result()
+        except BrokenProcessPool:
+            return {"died": "its process was killed (dmesg names the OOM killer when memory ran out)"}
 
 
 def main() -> None:
@@ -99,10 +108,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, help="episodes per forward/backward (default: a step's all)")
     parser.add_argument("--variants", default="hf,vllm-cpu", help="comma-separated BACKEND[+no-gc][+bf16]")
     parser.add_argument("--name", default="grpo_backends", help="results file name")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    episodes = args.questions * args.num_generations
+    args.micro_batch = args.micro_batch or episodes
+    if args.micro_batch < 1 or episodes % args.micro_batch:
+        parser.error(f"--micro-batch {args.micro_batch}: expected a divisor of the {episodes} episodes of a step")
     variants = args.variants.split(",")
     for variant in variants:
         variant_flags(variant)  # refused before any run
@@ -113,13 +127,17 @@ def main() -> None:
             results[variant] = run_apart(variant, questions, corpus, Path(tmp) / f"run-{i}", args)
             print(variant, json.dumps(results[variant]), flush=True)
 
+    def speedup(r: dict, key: str) -> str:
+        return f"{r[key]:.2f}x" if key in r else "–"
+
     def rollout_s(r: dict) -> float:
         return statistics.median(r["rollout_s"][1:] or r["rollout_s"])
 
     first = results[variants[0]]
     for r in results.values():
-        r["step_speedup"] = first["step_s"] / r["step_s"]
-        r["rollout_speedup"] = rollout_s(first) / rollout_s(r)
+        if "died" not in r and "died" not in first:
+            r["step_speedup"] = first["step_s"] / r["step_s"]
+            r["rollout_speedup"] = rollout_s(first) / rollout_s(r)
     result = {
         "command": "python benchmarks/grpo_backends.py " + " ".join(sys.argv[1:]),
         "settings": vars(args) | {"out": str(args.out)},
@@ -137,10 +155,13 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, r in results.items():
+        if "died" in r:
+            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 7)
+            continue
         lines.append(
             f"| {variant} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
-            f"{r['step_speedup']:.2f}x | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
-            f"{r['rollout_speedup']:.2f}x | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
+            f"{speedup(r, 'step_speedup')} | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
+            f"{speedup(r, 'rollout_speedup')} | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
             f"{r['trainer_peak_rss_gib']:.1f} |"
         )
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
