@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
@@ -389,12 +390,30 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     assert sorted(r["step"] for r in records) == [0, 0, 1, 1, 2, 2]
 
 
+def sigint_default() -> None:
+    """A child's Ctrl-C as in a terminal's foreground job: a suite started in the background (`make test &`) passes
+    SIGINT on ignored, and Python keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def python_ctrl_c() -> Iterator[None]:
+    """This process's Ctrl-C handled as Python does by default, however this suite was started."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_leaves_the_log_and_checkpoint_whole_and_the_run_resumes(tiny_model, tmp_path):
     """SIGINT (Ctrl-C) to a real GRPO run once checkpoint-1 is written: the log's lines are whole, and
     ``--resume_from_checkpoint True`` continues from the newest checkpoint with every step logged once."""
     out = tmp_path / "run"
     command = [sys.executable, str(ROOT / "training" / "run_grpo.py"), *grpo_args(tiny_model, out, "--max_steps", "12")]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(  # Ctrl-C as a terminal's foreground job gets it, however this suite was started
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "checkpoint-1" / "trainer_state.json").is_file() and process.poll() is None:
@@ -759,11 +778,12 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     def ctrl_c_soon() -> None:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
 
-    ctrl_c_soon()
-    assert asyncio.run(finishes_anyway()) == "finished"  # Python's own handling: the Ctrl-C is lost
-    ctrl_c_soon()
-    with pytest.raises(KeyboardInterrupt), ctrl_c_interrupts():
-        asyncio.run(finishes_anyway())
+    with python_ctrl_c():
+        ctrl_c_soon()
+        assert asyncio.run(finishes_anyway()) == "finished"  # Python's own handling: the Ctrl-C is lost
+        ctrl_c_soon()
+        with pytest.raises(KeyboardInterrupt), ctrl_c_interrupts():
+            asyncio.run(finishes_anyway())
 
 
 def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
