@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -397,9 +398,9 @@ def sigint_default() -> None:
 
 
 @contextlib.contextmanager
-def python_ctrl_c() -> Iterator[None]:
-    """This process's Ctrl-C handled as Python does by default, however this suite was started."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def sigint_as(handler: Any) -> Iterator[None]:
+    """This process's Ctrl-C handled by ``handler`` within the block, however this suite was started."""
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
@@ -778,7 +779,7 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     def ctrl_c_soon() -> None:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
 
-    with python_ctrl_c():
+    with sigint_as(signal.default_int_handler):  # Python's default
         ctrl_c_soon()
         assert asyncio.run(finishes_anyway()) == "finished"  # Python's own handling: the Ctrl-C is lost
         ctrl_c_soon()
@@ -791,11 +792,7 @@ def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
 
     from training.rollout import ctrl_c_interrupts
 
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for `nohup python training/run_grpo.py ... &`
-    try:
-        with ctrl_c_interrupts():
-            os.kill(os.getpid(), signal.SIGINT)
-            assert asyncio.run(asyncio.sleep(0.2, result="finished")) == "finished"
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with sigint_as(signal.SIG_IGN), ctrl_c_interrupts():  # as for `nohup python training/run_grpo.py ... &`
+        os.kill(os.getpid(), signal.SIGINT)
+        assert asyncio.run(asyncio.sleep(0.2, result="finished")) == "finished"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
