@@ -18,7 +18,6 @@ no corpus of their own: the embedded Wikipedia summaries). Eval folders go to ``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -36,6 +35,7 @@ from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
 from ps_agent.questions import read_split  # noqa: E402
+from ps_agent.retrieval.corpus import file_checksum  # noqa: E402
 
 TABLE2_EXTRA = ("musique", "nq", "bamboogle")
 
@@ -77,8 +77,8 @@ def policy_identity(adapter: str, mode: str) -> dict:
     name stays while its weights change from run to run), and the mode."""
     if adapter == "base":
         return {"adapter": "base", "mode": mode}
-    weights = hashlib.sha256((Path(adapter) / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
-    return {"adapter": str(Path(adapter).resolve()), "weights_sha256": weights, "mode": mode}
+    weights = file_checksum(Path(adapter) / "adapter_model.safetensors")
+    return {"adapter": str(Path(adapter).resolve()), "weights_sha1": weights, "mode": mode}
 
 
 def claim_eval_folder(folder: Path, identity: dict) -> None:

@@ -167,23 +167,31 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
 
 
 @contextlib.contextmanager
-def ctrl_c_interrupts() -> Iterator[None]:
+def signal_raises(signum: int, exception: Callable[[], BaseException]) -> Iterator[None]:
+    """Within the block, ``signum`` raises ``exception()`` in the main thread (elsewhere nothing changes); the
+    previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_(signum: int, frame: Any) -> None:
+        raise exception()
+
+    previous = signal.signal(signum, raise_)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+def ctrl_c_interrupts() -> contextlib.AbstractContextManager[None]:
     """Ctrl-C raises ``KeyboardInterrupt`` at once while rollouts run. Under Python's own handler, ``asyncio.run``
     turns the first Ctrl-C into a cancellation of the batch, and a batch whose agents finish their runs anyway
     returned normally: training went on. A process that ignores SIGINT (one a non-interactive shell started in the
     background, as ``nohup ... &``) keeps ignoring it, as Python and asyncio do: stop such a run with SIGTERM."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return contextlib.nullcontext()
+    return signal_raises(signal.SIGINT, KeyboardInterrupt)
 
 
 def save_merged(model: Any, folder: Path) -> None:

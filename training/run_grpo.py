@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from ps_agent.rewards import (
 )
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.data import load_questions, to_dataset
-from training.rollout import AgentRollout, RolloutSettings
+from training.rollout import AgentRollout, RolloutSettings, signal_raises
 
 logger = logging.getLogger("run_grpo")
 
@@ -241,22 +240,10 @@ def parse(argv: list[str] | None = None):
     return args, config
 
 
-@contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
+def sigterm_unwinds() -> contextlib.AbstractContextManager[None]:
     """While training, SIGTERM raises ``SystemExit`` (as Ctrl-C raises ``KeyboardInterrupt``), so the rollout
     server is stopped on the way out; the previous handler comes back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def exit_(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return signal_raises(signal.SIGTERM, lambda: SystemExit(128 + signal.SIGTERM))
 
 
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
