@@ -31,11 +31,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import paper_table  # noqa: E402
 from learning import SHARED, held_out_sets  # noqa: E402
 
-from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
+from ps_agent.eval import EvalSettings, check_same_model, evaluate, model_checksums  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
 from ps_agent.questions import read_split  # noqa: E402
-from ps_agent.retrieval.corpus import file_checksum  # noqa: E402
 
 TABLE2_EXTRA = ("musique", "nq", "bamboogle")
 
@@ -72,30 +71,10 @@ def parse_policy(spec: str) -> tuple[str, str, str]:
     return name, adapter, mode
 
 
-def policy_identity(adapter: str, mode: str) -> dict:
-    """What an eval folder was made with: the adapter folder and a digest of its weights (a checkpoint folder's
-    name stays while its weights change from run to run), and the mode."""
-    if adapter == "base":
-        return {"adapter": "base", "mode": mode}
-    weights = file_checksum(Path(adapter) / "adapter_model.safetensors")
-    return {"adapter": str(Path(adapter).resolve()), "weights_sha1": weights, "mode": mode}
-
-
-def claim_eval_folder(folder: Path, identity: dict) -> None:
-    """Evaluation resumes into a folder with results, so a folder of another policy's results is refused (it
-    would be counted as this one's), and a new folder records whose it is in ``policy.json``."""
-    record = folder / "policy.json"
-    if record.is_file():
-        held = json.loads(record.read_text())
-        if held != identity:
-            raise SystemExit(f"{folder} holds the eval of {held}, not of {identity}: give another --run-dir, or "
-                             "remove that folder to evaluate again")  # fmt: skip
-        return
-    if (folder / "results").exists():
-        raise SystemExit(f"{folder} holds eval results without policy.json (whose they are is unknown): give another "
-                         "--run-dir, or remove that folder to evaluate again")  # fmt: skip
-    folder.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(identity) + "\n")
+def served_weights(base: Path, adapter: str) -> list[Path]:
+    """The weight files a policy is served from (the base model, merged with its adapter): a checkpoint folder's
+    name stays while its weights change from run to run, so eval folders are told apart by these files' sums."""
+    return [base / "model.safetensors"] + ([] if adapter == "base" else [Path(adapter) / "adapter_model.safetensors"])
 
 
 def main() -> None:
@@ -112,13 +91,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")
     args = parser.parse_args()
     policies = [parse_policy(p) for p in args.policy]
-    for name, adapter, mode in policies:  # before the server starts
-        claim_eval_folder(args.run_dir / name, policy_identity(adapter, mode))
+    base = embedded_model_path()
+    for name, adapter, _ in policies:  # before the server starts: a folder answered by other weights is refused
+        try:
+            sums = model_checksums(EvalSettings(llm=None, weights=served_weights(base, adapter)))
+            check_same_model(args.run_dir / name, name, sums)
+        except ValueError as exc:
+            raise SystemExit(f"--policy {name}: {exc}") from exc
     from transformers import AutoTokenizer
 
     started = time.time()
     sets = held_out_sets(args.run_dir / "sets", args.per_set) | extra_sets(args.run_dir / "sets", args.per_set)
-    base = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(base)
     runs = []
     with VLLMServer(base, lora_rank=0, reloadable=True, log=args.run_dir / "vllm-server.log") as server:
@@ -136,6 +119,7 @@ def main() -> None:
                 concurrency=args.concurrency,
                 limit=args.base_limit if adapter == "base" else None,
                 agent={"max_new_tokens": args.max_new_tokens},
+                weights=served_weights(base, adapter),
             )
             evaluate(list(sets.values()), args.run_dir / name, settings)
             runs += ["--run", f"{name}={args.run_dir / name}:{mode}"]

@@ -117,6 +117,13 @@ def eval_command(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn.")] = 256,
     demonstration: Annotated[bool, typer.Option(help="One-shot demonstration before the prompt.")] = False,
     strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
+    weights: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A weight file behind an openai: server (repeatable): checksummed, so resuming into --out is "
+            "refused where other weights answered."
+        ),
+    ] = None,
 ) -> None:
     """Run the agent over question files (resumable) and write the paper's tables and plots."""
     from ps_agent.eval import EvalFailed, EvalSettings, evaluate
@@ -136,6 +143,7 @@ def eval_command(
             concurrency=concurrency,
             limit=limit,
             strict=strict,
+            weights=weights or (),
             agent={
                 "max_turns": max_turns,
                 "topk": topk,

@@ -53,6 +53,9 @@ class EvalSettings:
     limit: int | None = None
     strict: bool = False
     agent: dict[str, Any] = field(default_factory=dict)  # other AgentConfig fields: max_turns, topk, …
+    # the weight files behind an LLM object (a served model: its base and adapter), checksummed like the files an
+    # LLM spec names, so a rerun into a folder answered by other weights is refused
+    weights: Sequence[str | Path] = ()
 
     def __post_init__(self) -> None:
         self.check()
@@ -69,6 +72,11 @@ class EvalSettings:
             )
         if isinstance(self.modes, str) or not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes must be a non-empty list of {' and '.join(MODES)}, got {self.modes!r}")
+        if isinstance(self.weights, (str, Path)):
+            raise ValueError(f"weights must be a list of weight files, got one path: {self.weights!r}")
+        missing = [str(path) for path in self.weights if not Path(path).is_file()]
+        if missing:
+            raise ValueError(f"weights must name the model's weight files on this machine: no such file {missing}")
 
 
 class EvalFailed(ValueError):
@@ -226,7 +234,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
                 written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
 
     run = provenance(settings, [path for path, _ in files])
-    check_same_model(out_dir, run)
+    check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
     TrajectoryLog(out_dir / "runs.jsonl").append(run)
     run_sync(run_all())  # also from Jupyter, whose event loop is already running
     summary = report(out_dir, problems)
@@ -239,20 +247,30 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     return summary
 
 
-def check_same_model(out_dir: Path, run: dict[str, Any]) -> None:
+def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> None:
     """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
-    other weights (checksums of the model files, where the LLM spec names files on this machine), since their
-    answers would be counted as this model's."""
-    if not (out_dir / "runs.jsonl").is_file() or not any((out_dir / "results").glob("*.jsonl")):
+    other weights, or by weights not on record, since their answers would be counted as this model's.
+
+    ``model_sha1``: checksums of this run's weight files (``model_checksums``); empty where the LLM is remote and
+    its weights cannot be read, and then there is nothing to compare."""
+    if not model_sha1 or not any((out_dir / "results").glob("*.jsonl")):
         return
-    earlier = [r for r in read_records([out_dir / "runs.jsonl"]) if r.get("model_sha1")]
-    if earlier and run["model_sha1"] and earlier[-1]["model_sha1"] != run["model_sha1"]:
-        raise ValueError(
-            f"{out_dir} holds answers of other model weights ({earlier[-1]['settings']['llm']}: "
-            f"{earlier[-1]['model_sha1']}) than this run's ({run['settings']['llm']}: {run['model_sha1']}); a rerun "
-            "there skips the questions already answered and would count those answers as this model's: give "
-            "another output folder, or remove that one to evaluate again"
-        )
+    earlier = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
+    held = earlier[-1].get("model_sha1") if earlier else None
+    if held == model_sha1:
+        return
+    answered_by = f"other model weights ({earlier[-1]['settings']['llm']}: {held})" if held else "weights not on record"
+    raise ValueError(
+        f"{out_dir} holds answers of {answered_by}, not of this run's ({llm}: {model_sha1}); a rerun there skips "
+        "the questions already answered and would count those answers as this model's: give another output "
+        "folder, or remove that one to evaluate again"
+    )
+
+
+def model_checksums(settings: EvalSettings) -> dict[str, str]:
+    """Checksums of the weights behind a run's LLM: ``settings.weights`` and the files its spec names."""
+    files = sorted({Path(path) for path in settings.weights} | set(model_files(settings.llm)))
+    return {str(path): file_checksum(path) for path in files}
 
 
 def model_files(llm: Any) -> list[Path]:
@@ -287,8 +305,9 @@ def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
             "concurrency": settings.concurrency,
             "limit": settings.limit,
             "agent": settings.agent,
+            "weights": [str(path) for path in settings.weights],
         },
-        "model_sha1": {str(path): file_checksum(path) for path in model_files(settings.llm)},
+        "model_sha1": model_checksums(settings),
         "data_sha1": {str(path): file_checksum(path) for path in data},
         "parallelsearch": version("parallelsearch"),
         "git_commit": git_commit(),

@@ -39,6 +39,11 @@ def test_bad_input_exits_2_with_a_message(tmp_path):
     assert "error:" in result.stderr and "question is empty" in result.stderr
     result = run("ask", "Q?", "--llm", "gpt")
     assert result.returncode == 2 and "unknown LLM spec" in result.stderr
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "1", "question": "Q?", "golden_answers": ["a"]}) + "\n")
+    result = run("eval", "--data", str(questions), "--out", str(tmp_path / "out"), "--weights", "model.bin")
+    assert result.returncode == 2 and "no such file ['model.bin']" in result.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_ask_prints_untrusted_text_as_text(monkeypatch, tmp_path):

@@ -274,22 +274,39 @@ def test_eval_over_a_built_index_folder(synthetic, tmp_path):
 
 def test_a_rerun_into_a_folder_answered_by_other_weights_is_refused_before_any_question_runs(synthetic, tmp_path):
     """A rerun skips the questions answered in its folder: answers of other weights would count as this model's."""
-    from ps_agent.eval import check_same_model, provenance
-
     corpus, questions, rows = synthetic
-    out = tmp_path / "out"
-    evaluate([questions], out, EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",),
-                                            limit=2))  # fmt: skip
-    checkpoint = tmp_path / "checkpoint-2"  # an hf: folder whose weights change while its name stays
+    checkpoint = tmp_path / "checkpoint-2"  # a served model's weights: they change while the folder's name stays
     checkpoint.mkdir()
-    (checkpoint / "model.safetensors").write_bytes(b"weights after step 2")
-    settings = EvalSettings(llm=f"hf:{checkpoint}", retriever=str(corpus), modes=("parallel",), limit=2)
-    with (out / "runs.jsonl").open("a") as log:  # as an eval of checkpoint-2 leaves it
-        log.write(json.dumps(provenance(settings, [questions])) + "\n")
-    check_same_model(out, provenance(settings, [questions]))  # the same weights resume
-    answered = (out / "results" / "synth.parallel.jsonl").read_text()
+    weights = checkpoint / "adapter_model.safetensors"
+    weights.write_bytes(b"weights after step 2")
 
-    (checkpoint / "model.safetensors").write_bytes(b"weights after step 8")
+    def settings(limit: int, **weights) -> EvalSettings:  # an LLM object: evaluate() sees its weights if told
+        return EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=limit,
+                            **weights)  # fmt: skip
+
+    out = tmp_path / "out"
+    results = out / "results" / "synth.parallel.jsonl"
+    evaluate([questions], out, settings(1, weights=[weights]))
+    evaluate([questions], out, settings(2, weights=[weights]))  # the same weights resume
+    answered = results.read_text()
+    assert len(answered.splitlines()) == 2
+
+    weights.write_bytes(b"weights after step 8")
     with pytest.raises(ValueError, match="holds answers of other model weights"):
-        evaluate([questions], out, settings)
-    assert (out / "results" / "synth.parallel.jsonl").read_text() == answered  # nothing lost or added
+        evaluate([questions], out, settings(3, weights=[weights]))
+    assert results.read_text() == answered  # nothing lost or added
+
+    unrecorded = tmp_path / "unrecorded"  # answered by an LLM whose weights were not given
+    evaluate([questions], unrecorded, settings(1))
+    with pytest.raises(ValueError, match="holds answers of weights not on record"):
+        evaluate([questions], unrecorded, settings(2, weights=[weights]))
+    assert len((unrecorded / "results" / "synth.parallel.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [("model.safetensors", "got one path"), (["missing/model.safetensors"], "no such file")],
+)
+def test_weights_that_name_no_files_are_refused(weights, message):
+    with pytest.raises(ValueError, match=message):
+        EvalSettings(llm=None, weights=weights)

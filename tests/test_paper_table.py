@@ -94,25 +94,23 @@ def test_bad_arguments_say_what_was_expected(runs, args, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_the_comparison_never_counts_another_policys_eval_as_this_ones(tmp_path):
-    """Eval resumes into a folder with results: grpo_compare's folder for a name must hold that very policy's."""
+def test_the_comparison_refuses_an_eval_folder_of_other_weights_before_serving_any_policy(tmp_path, monkeypatch):
+    """Eval resumes into a folder with results: grpo_compare's folder for a name must hold that very policy's,
+    told apart by the weight files it is served from (a checkpoint's name stays while its weights change)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import grpo_compare
 
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
-    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights after step 2")
-    folder = tmp_path / "compare" / "grpo-parallel"
-    grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))
-    (folder / "results").mkdir()  # evaluated
-    grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))  # resumes
-
-    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights after step 8")  # same folder, new weights
-    with pytest.raises(SystemExit, match="holds the eval of"):
-        grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity(str(checkpoint), "parallel"))
-    with pytest.raises(SystemExit, match="holds the eval of"):
-        grpo_compare.claim_eval_folder(folder, grpo_compare.policy_identity("base", "parallel"))
-    legacy = tmp_path / "compare" / "sft-parallel"
-    (legacy / "results").mkdir(parents=True)  # results from before policy.json: whose is unknown
-    with pytest.raises(SystemExit, match=r"without policy\.json"):
-        grpo_compare.claim_eval_folder(legacy, grpo_compare.policy_identity("base", "parallel"))
+    (checkpoint / "adapter_config.json").write_text("{}")
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights after step 8")
+    folder = tmp_path / "compare" / "grpo-parallel"  # evaluated when checkpoint-2 held other weights
+    (folder / "results").mkdir(parents=True)
+    (folder / "results" / "hotpotqa.parallel.jsonl").write_text('{"id": "q1", "em": 1.0}\n')
+    (folder / "runs.jsonl").write_text(json.dumps({"settings": {"llm": "step 2"}, "model_sha1": {"a": "b"}}) + "\n")
+    argv = ["grpo_compare.py", "--run-dir", str(tmp_path / "compare"), "--ours", "grpo-parallel", "--baseline", "b",
+            "--policy", f"grpo-parallel={checkpoint}:parallel"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"--policy grpo-parallel: .* holds answers of other model weights"):
+        grpo_compare.main()
+    assert not (tmp_path / "compare" / "vllm-server.log").exists()  # refused before a server started
