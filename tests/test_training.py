@@ -634,6 +634,15 @@ def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_r
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Who wrote Hamlet?"}])
     served: list[dict] = []
 
+    class MoveThePolicyAtStep2(TrainerCallback):  # as a step with reward variance would (2 rollouts may tie)
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 2:  # before checkpoint-2 is saved and step 2's rollouts are served
+                torch.manual_seed(0)
+                with torch.no_grad():
+                    for name, weight in model.named_parameters():
+                        if "lora_B" in name:
+                            weight.add_(torch.randn_like(weight) * 0.05)
+
     class AskServerAtTheEnd(TrainerCallback):
         def on_train_end(self, args, state, control, **kwargs):
             body = {"model": str(smollm2_path), "prompt": prompt, "max_tokens": 12, "temperature": 0.0,
@@ -659,14 +668,12 @@ def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_r
         "vllm-cpu",
         "--save_steps",
         "1",
-        "--learning_rate",
-        "5e-3",
         "--max_steps",
         "3",
-    ]  # fmt: skip  (a rate that visibly moves the policy)
+    ]
     with pytest.raises(SystemExit, match=r"(?s)rollout server exited.*checkpoint-1.*--resume_from_checkpoint True"):
         run_grpo.main(flags, callbacks=[KillServerAfterStep1()])
-    run_grpo.main([*flags, "--resume_from_checkpoint", "True"], callbacks=[AskServerAtTheEnd()])
+    run_grpo.main([*flags, "--resume_from_checkpoint", "True"], callbacks=[MoveThePolicyAtStep2(), AskServerAtTheEnd()])
     assert len(servers) == 2 and all(s.process.poll() is not None for s in servers)  # each stopped with its run
     assert sorted(r["step"] for r in read_trajectories(out)) == [0, 0, 1, 1, 2, 2]
     assert [p.name for p in (out / "served-policy").iterdir()] == ["step-2"]  # the last rollouts' weights only
@@ -675,7 +682,8 @@ def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_r
         return model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
 
     newest = greedy(load_adapter_model(out / "checkpoint-2", smollm2_path)[0])
-    assert served[0]["choices"][0]["token_ids"] == newest  # and the server answers as that policy
+    assert newest != greedy(load_adapter_model(out / "checkpoint-1", smollm2_path)[0])  # the policy moved
+    assert served[0]["choices"][0]["token_ids"] == newest  # and the server answers as the newest policy
 
 
 def test_vllm_cpu_backend_is_refused_with_the_reason_when_its_virtualenv_cannot_be_built(tmp_path, monkeypatch):
