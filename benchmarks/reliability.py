@@ -56,7 +56,7 @@ from langchain_core.messages import AIMessage  # noqa: E402
 from ps_agent import ParallelSearchAgent, Passage  # noqa: E402
 from ps_agent.eval import dataset_name  # noqa: E402
 from ps_agent.protocol import close_action, parse_action  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.conftest import free_port, served  # noqa: E402
 from tests.doubles import OpenAIChatDouble, SleepyRetriever, ToolCallingFakeChatModel  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -614,30 +614,11 @@ def rss_mb(pid: int) -> float:
 def retrieval_server(corpus: Path, workdir: Path) -> Iterator[tuple[subprocess.Popen, str]]:
     """``ps-agent serve-retriever --corpus FILE`` as a subprocess (its BM25 cache in ``workdir``)."""
     port = free_port()
-    log = (workdir / f"server-{port}.log").open("w")
     env = os.environ | {"PS_AGENT_CACHE": str(workdir / "cache")}
-    process = subprocess.Popen([PS_AGENT, "serve-retriever", "--corpus", str(corpus), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    command = [PS_AGENT, "serve-retriever", "--corpus", str(corpus), "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"retrieval server did not start: {(workdir / f'server-{port}.log').read_text()[-2000:]}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.3)
+    with served(command, f"{url}/health", workdir / f"server-{port}.log", timeout_s=120, env=env) as process:
         yield process, url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 POISON: dict[str, bytes] = {

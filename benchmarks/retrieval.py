@@ -21,25 +21,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
-import httpx
-import numpy as np
-
-from ps_agent.cache import cache_dir
-from ps_agent.retrieval.dense import HybridRetriever
-from ps_agent.retrieval.encoders import load_encoder
-from ps_agent.retrieval.index import build_index, load_index
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ps_agent.cache import cache_dir  # noqa: E402
+from ps_agent.retrieval.dense import HybridRetriever  # noqa: E402
+from ps_agent.retrieval.encoders import load_encoder  # noqa: E402
+from ps_agent.retrieval.index import build_index, load_index  # noqa: E402
+from tests.conftest import served  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
 DATASETS = ("hotpotqa", "2wikimultihopqa")
@@ -204,21 +208,14 @@ async def load(url: str, queries: list[str], clients: int, seconds: float, warmu
     }
 
 
-def serve(folder: Path, port: int, *flags: str) -> subprocess.Popen:
-    """``ps-agent serve-retriever`` over the folder's Flat index, once it answers ``/health``."""
-    server = subprocess.Popen(
-        [PS_AGENT, "serve-retriever", "--index", str(folder), "--kind", "flat", "--port", str(port), *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.5)
-    server.kill()
-    raise RuntimeError(f"the retrieval server on port {port} did not start")
+@contextlib.contextmanager
+def serve(folder: Path, port: int, *flags: str) -> Iterator[str]:
+    """``ps-agent serve-retriever`` over the folder's Flat index: its URL once it answers ``/health``, for the
+    block."""
+    command = [PS_AGENT, "serve-retriever", "--index", str(folder), "--kind", "flat", "--port", str(port), *flags]
+    url = f"http://127.0.0.1:{port}"
+    with served(command, f"{url}/health", cache_dir() / f"retrieval-server-{port}.log", timeout_s=120):
+        yield url
 
 
 def measure(url: str, queries: list[str], clients: int, seconds: float) -> dict:
@@ -234,26 +231,18 @@ def bench_server(data: Path, seconds: float, levels: list[int]) -> dict:
     queries = [json.loads(line)["question"] for line in (data / "hotpotqa" / "dev.jsonl").open() if line.strip()]
     results: dict = {}
     for key, flags in (("micro_batching_on", ["--micro-batching"]), ("micro_batching_off", ["--no-micro-batching"])):
-        server = serve(folder, 8701, *flags)
-        try:
-            results[key] = [measure("http://127.0.0.1:8701", queries, clients, seconds) for clients in levels]
+        with serve(folder, 8701, *flags) as url:
+            results[key] = [measure(url, queries, clients, seconds) for clients in levels]
             print(key, results[key], flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
     on = {r["clients"]: r for r in results["micro_batching_on"]}
     off = {r["clients"]: r for r in results["micro_batching_off"]}
     results["speedup_qps"] = {str(c): round(on[c]["queries_per_s"] / off[c]["queries_per_s"], 2) for c in on}
     results["max_batch_at_64_clients"] = []  # the latency/throughput knob, each on a fresh server
     for max_batch in (16, 32, 256):
-        server = serve(folder, 8702, "--max-batch", str(max_batch))
-        try:
-            row = measure("http://127.0.0.1:8702", queries, 64, seconds) | {"max_batch": max_batch}
+        with serve(folder, 8702, "--max-batch", str(max_batch)) as url:
+            row = measure(url, queries, 64, seconds) | {"max_batch": max_batch}
             print(row, flush=True)
             results["max_batch_at_64_clients"].append(row)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
     return results
 
 

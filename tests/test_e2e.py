@@ -2,7 +2,6 @@
 served by the real retrieval server, and over vLLM."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from ps_agent import ParallelSearchAgent
 from ps_agent.retrieval.corpus import load_embedded_corpus
 from ps_agent.retrieval.index import build_index
-from tests.conftest import free_port, wait_for_http
+from tests.conftest import free_port, served
 
 QUESTIONS = [
     "Which is older, the Eiffel Tower or the Statue of Liberty?",
@@ -63,15 +62,9 @@ def test_embedded_model_through_a_dense_index_server(smollm2_path, tmp_path):
     build_index(corpus, tmp_path / "index", ["flat"], progress=False)
     port = free_port()
     command = [str(Path(sys.executable).parent / "ps-agent"), "serve-retriever", "--index", str(tmp_path / "index")]
-    with (tmp_path / "server.log").open("w") as log:
-        server = subprocess.Popen([*command, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=tmp_path / "server.log")
+    with served([*command, "--port", str(port)], f"http://127.0.0.1:{port}/health", tmp_path / "server.log"):
         agent = ParallelSearchAgent(retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96)
         out = agent.invoke(QUESTIONS[1])  # the trained default policy searches before it answers
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     check_consistent(out, max_turns=2)
     ids = {p.id for p in passages}
     found = [p for r in out["trajectory"]["search_rounds"] for res in r["results"] for p in res["passages"]]

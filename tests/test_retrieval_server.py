@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.http import HTTPRetriever, RetrievalRejected
 from ps_agent.retrieval.index import build_index
 from ps_agent.retrieval.server import ServerLimits, create_app
-from tests.conftest import free_port, wait_for_http
+from tests.conftest import free_port, served
 from tests.doubles import scripted_llm
 from tests.test_retrieval import DOCS
 
@@ -33,26 +34,20 @@ def corpus(tmp_path_factory):
     return path
 
 
-def start_server(source, tmp_path, *flags):
-    """``ps-agent serve-retriever`` over a corpus file (BM25) or a built index folder."""
+@contextlib.contextmanager
+def retrieval_server(source, tmp_path, *flags) -> Iterator[str]:
+    """``ps-agent serve-retriever`` over a corpus file (BM25) or a built index folder: its URL, for the block."""
     port = free_port()
-    log = tmp_path / f"server-{port}.log"
     where = ["--index", str(source)] if source.is_dir() else ["--corpus", str(source)]
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [PS_AGENT, "serve-retriever", *where, "--port", str(port), *flags],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    wait_for_http(f"http://127.0.0.1:{port}/health", server, timeout_s=60, log=log)
-    return server, f"http://127.0.0.1:{port}"
+    command = [PS_AGENT, "serve-retriever", *where, "--port", str(port), *flags]
+    with served(command, f"http://127.0.0.1:{port}/health", tmp_path / f"server-{port}.log"):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
 def server(corpus, tmp_path_factory):
-    process, url = start_server(corpus, tmp_path_factory.mktemp("server"), "--max-wait-ms", "20")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    with retrieval_server(corpus, tmp_path_factory.mktemp("server"), "--max-wait-ms", "20") as url:
+        yield url
 
 
 def metric(url: str, name: str) -> float:
@@ -128,8 +123,7 @@ def test_concurrent_requests_are_micro_batched(server):
 
 
 def test_without_micro_batching_each_request_is_its_own_batch(corpus, tmp_path):
-    process, url = start_server(corpus, tmp_path, "--no-micro-batching")
-    try:
+    with retrieval_server(corpus, tmp_path, "--no-micro-batching") as url:
         client = HTTPRetriever(url)
 
         async def burst():
@@ -137,9 +131,6 @@ def test_without_micro_batching_each_request_is_its_own_batch(corpus, tmp_path):
 
         asyncio.run(burst())
         assert metric(url, "retrieve_batches_total") == 8
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_the_client_closes_its_connections_when_its_loop_ends_or_on_aclose(server):
@@ -261,10 +252,9 @@ def dense_folder(corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dense_server(dense_folder, tmp_path_factory):
     """The server over the folder's Flat index."""
-    process, url = start_server(dense_folder, tmp_path_factory.mktemp("dense"), "--kind", "flat", "--max-wait-ms", "20")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    folder = tmp_path_factory.mktemp("dense")
+    with retrieval_server(dense_folder, folder, "--kind", "flat", "--max-wait-ms", "20") as url:
+        yield url
 
 
 def test_a_dense_index_served_over_search_r1_json_merges_concurrent_requests(dense_server):

@@ -12,7 +12,7 @@ from ps_agent import ParallelSearchAgent
 from ps_agent.cli import app
 from ps_agent.runner import run_sync, shared_loop
 from tests.doubles import OpenAIChatDouble, SleepyRetriever
-from tests.test_retrieval_server import corpus, start_server  # noqa: F401 (corpus is a fixture)
+from tests.test_retrieval_server import corpus, retrieval_server  # noqa: F401 (corpus is a fixture)
 
 who = contextvars.ContextVar("who", default="nobody")
 
@@ -72,16 +72,11 @@ def open_fds() -> int:
 
 
 def test_sync_invokes_with_the_http_retriever_keep_open_files_flat(corpus, tmp_path):  # noqa: F811
-    process, url = start_server(corpus, tmp_path)
-    try:
-        with OpenAIChatDouble() as server:
-            model = ChatOpenAI(base_url=server.base_url, api_key="double", model="double", max_retries=0)
-            agent = ParallelSearchAgent(llm=model, retriever=f"{url}/retrieve", protocol="tools")
-            counts = []
-            for i in range(25):
-                assert agent.invoke({"question": f"Eiffel Tower or Colosseum? ({i})"})["answer"] == "Paris"
-                counts.append(open_fds())
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with retrieval_server(corpus, tmp_path) as url, OpenAIChatDouble() as server:
+        model = ChatOpenAI(base_url=server.base_url, api_key="double", model="double", max_retries=0)
+        agent = ParallelSearchAgent(llm=model, retriever=f"{url}/retrieve", protocol="tools")
+        counts = []
+        for i in range(25):
+            assert agent.invoke({"question": f"Eiffel Tower or Colosseum? ({i})"})["answer"] == "Paris"
+            counts.append(open_fds())
     assert counts[-1] - counts[4] <= 2, counts  # was ~3 more per question: one client per per-node loop

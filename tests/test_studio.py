@@ -3,7 +3,6 @@
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ps_agent import AgentConfig
-from tests.conftest import free_port, wait_for_http
+from tests.conftest import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,10 +26,7 @@ def test_langgraph_dev_serves_the_graph(smollm2_path, tmp_path):
     log = tmp_path / "langgraph-dev.log"
     command = [langgraph, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
     env = os.environ | {"LANGSMITH_TRACING": "false", "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
-    with log.open("w") as out:
-        server = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/ok", server, timeout_s=120, log=log)
+    with served(command, f"http://127.0.0.1:{port}/ok", log, timeout_s=120, cwd=ROOT, env=env):
 
         async def run() -> tuple[dict, dict]:
             client = get_client(url=f"http://127.0.0.1:{port}")
@@ -53,6 +49,3 @@ def test_langgraph_dev_serves_the_graph(smollm2_path, tmp_path):
         assert isinstance(result["answer"], str)
         assert result["trajectory"]["mode"] == "sequential"
         assert result["stats"]["llm_calls"] == len(result["trajectory"]["llm_calls"]) <= 2
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
