@@ -804,3 +804,14 @@ def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
         os.kill(os.getpid(), signal.SIGINT)
         assert asyncio.run(asyncio.sleep(0.2, result="finished")) == "finished"
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_the_mix_keeps_questions_the_policy_sometimes_answers_and_caps_each_class():
+    from training.mix import pass_rates, select
+
+    assert pass_rates([1, 0, 0, 0, 1, 1, 1, 1], k=4) == [0.25, 1.0]
+    rows = [{"id": f"s{i}", "type": "single-hop", "pass_rate": rate} for i, rate in enumerate([0.5, 1, 0.25, 0.75])]
+    rows += [{"id": "p0", "type": "comparison", "pass_rate": 0.0}, {"id": "p1", "type": "comparison", "pass_rate": 0.5}]
+    rows += [{"id": "q0", "type": "compositional", "pass_rate": 0.25}]
+    assert [r["id"] for r in select(rows)] == ["s0", "s2", "s3", "p1", "q0"]  # pass rate strictly in (0, 1)
+    assert [r["id"] for r in select(rows, keep_per_class=1)] == ["s0", "p1", "q0"]  # the first of each class

@@ -2,6 +2,7 @@
 is strictly between 0 and 1.
 
     python training/mix.py --out runs/mix --per-class 80 --policy policies/smollm2-parallelsearch
+    python training/mix.py --out runs/mix-balanced --per-class 160 --keep-per-class 16   # classes in balance
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), drawn evenly over the four classes (single-hop,
@@ -75,6 +76,20 @@ def pass_rates(outcomes: Sequence[float], k: int) -> list[float]:
     return [sum(outcomes[i : i + k]) / k for i in range(0, len(outcomes), k)]
 
 
+def select(records: Sequence[dict[str, Any]], keep_per_class: int | None = None) -> list[dict[str, Any]]:
+    """The records whose pass rate is strictly between 0 and 1, at most ``keep_per_class`` of each class (the
+    first in order). Uncapped, the policy's easy single-hop questions outnumber the multi-hop ones it sometimes
+    answers, and GRPO on such a mix learns to split less everywhere (README, ``grpo_compare``)."""
+    counts: Counter[str] = Counter()
+    kept = []
+    for record in records:
+        cls = question_class(record["type"])
+        if 0 < record["pass_rate"] < 1 and (keep_per_class is None or counts[cls] < keep_per_class):
+            counts[cls] += 1
+            kept.append(record)
+    return kept
+
+
 def proportions(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     counts = Counter(question_class(r["type"]) for r in records)
     return {"n": len(records)} | {c: round(counts[c] / max(len(records), 1), 3) for c in QUESTION_CLASSES}
@@ -103,6 +118,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--policy", default="policies/smollm2-parallelsearch", help="the SFT adapter folder")
     parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
     parser.add_argument("--k", type=int, default=4, help="rollouts per candidate")
+    parser.add_argument(
+        "--keep-per-class", type=int, default=None, help="at most this many kept questions of each class (balance)"
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="the GRPO run's sampling temperature")
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--topk", type=int, default=3)
@@ -118,6 +136,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     if args.k < 2 or args.per_class < 1:
         parser.error(f"--k must be at least 2 and --per-class at least 1, got {args.k} and {args.per_class}")
+    if args.keep_per_class is not None and args.keep_per_class < 1:
+        parser.error(f"--keep-per-class must be at least 1, got {args.keep_per_class}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +161,7 @@ def main(argv: list[str] | None = None) -> Path:
     rates = pass_rates(outcomes, args.k)
     for record, rate in zip(records, rates, strict=True):
         record["pass_rate"] = rate
-    kept = [r for r in records if 0 < r["pass_rate"] < 1]
+    kept = select(records, args.keep_per_class)
     (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     summary = {
@@ -155,7 +175,8 @@ def main(argv: list[str] | None = None) -> Path:
                 "mean": round(sum(r["pass_rate"] for r in group) / len(group), 3),
                 "zero": sum(r["pass_rate"] == 0 for r in group),
                 "one": sum(r["pass_rate"] == 1 for r in group),
-                "kept": sum(0 < r["pass_rate"] < 1 for r in group),
+                "between": sum(0 < r["pass_rate"] < 1 for r in group),
+                "kept": sum(question_class(r["type"]) == cls for r in kept),
             }
             for cls in QUESTION_CLASSES
             if (group := [r for r in records if question_class(r["type"]) == cls])
