@@ -668,9 +668,11 @@ def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_r
         "vllm-cpu",
         "--save_steps",
         "1",
+        "--save_total_limit",
+        "3",
         "--max_steps",
         "3",
-    ]
+    ]  # fmt: skip  (checkpoint-1 kept, to tell its policy from the newest)
     with pytest.raises(SystemExit, match=r"(?s)rollout server exited.*checkpoint-1.*--resume_from_checkpoint True"):
         run_grpo.main(flags, callbacks=[KillServerAfterStep1()])
     run_grpo.main([*flags, "--resume_from_checkpoint", "True"], callbacks=[MoveThePolicyAtStep2(), AskServerAtTheEnd()])

@@ -2,7 +2,7 @@
 is strictly between 0 and 1.
 
     python training/mix.py --out runs/mix --per-class 80 --policy policies/smollm2-parallelsearch
-    python training/mix.py --out runs/mix-balanced --per-class 160 --keep-per-class 16   # classes in balance
+    python training/mix.py --out runs/mix-balanced --per-class 96 --keep-per-class 12   # classes in balance
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), drawn evenly over the four classes (single-hop,
