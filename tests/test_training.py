@@ -11,11 +11,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import pytest
@@ -397,16 +395,6 @@ def sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@contextlib.contextmanager
-def sigint_as(handler: Any) -> Iterator[None]:
-    """This process's Ctrl-C handled by ``handler`` within the block, however this suite was started."""
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def test_ctrl_c_leaves_the_log_and_checkpoint_whole_and_the_run_resumes(tiny_model, tmp_path):
     """SIGINT (Ctrl-C) to a real GRPO run once checkpoint-1 is written: the log's lines are whole, and
     ``--resume_from_checkpoint True`` continues from the newest checkpoint with every step logged once."""
@@ -778,7 +766,7 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     import asyncio
     import threading
 
-    from training.rollout import ctrl_c_interrupts
+    from training.rollout import ctrl_c_interrupts, signal_handled
 
     async def finishes_anyway() -> str:  # a batch whose runs go on when cancelled, as the agents' batch did
         for _ in range(30):
@@ -789,7 +777,7 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     def ctrl_c_soon() -> None:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
 
-    with sigint_as(signal.default_int_handler):  # Python's default
+    with signal_handled(signal.SIGINT, signal.default_int_handler):  # Python's default
         ctrl_c_soon()
         assert asyncio.run(finishes_anyway()) == "finished"  # Python's own handling: the Ctrl-C is lost
         ctrl_c_soon()
@@ -800,9 +788,10 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
 def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
     import asyncio
 
-    from training.rollout import ctrl_c_interrupts
+    from training.rollout import ctrl_c_interrupts, signal_handled
 
-    with sigint_as(signal.SIG_IGN), ctrl_c_interrupts():  # as for `nohup python training/run_grpo.py ... &`
+    # as for `nohup python training/run_grpo.py ... &`
+    with signal_handled(signal.SIGINT, signal.SIG_IGN), ctrl_c_interrupts():
         os.kill(os.getpid(), signal.SIGINT)
         assert asyncio.run(asyncio.sleep(0.2, result="finished")) == "finished"
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -167,21 +167,26 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
 
 
 @contextlib.contextmanager
-def signal_raises(signum: int, exception: Callable[[], BaseException]) -> Iterator[None]:
-    """Within the block, ``signum`` raises ``exception()`` in the main thread (elsewhere nothing changes); the
+def signal_handled(signum: int, handler: Any) -> Iterator[None]:
+    """Within the block, ``handler`` handles ``signum`` in the main thread (elsewhere nothing changes); the
     previous handler comes back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def raise_(signum: int, frame: Any) -> None:
-        raise exception()
-
-    previous = signal.signal(signum, raise_)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
         signal.signal(signum, previous)
+
+
+def signal_raises(signum: int, exception: Callable[[], BaseException]) -> contextlib.AbstractContextManager[None]:
+    """Within the block, ``signum`` raises ``exception()`` in the main thread (``signal_handled``)."""
+
+    def raise_(signum: int, frame: Any) -> None:
+        raise exception()
+
+    return signal_handled(signum, raise_)
 
 
 def ctrl_c_interrupts() -> contextlib.AbstractContextManager[None]:
