@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -806,3 +807,46 @@ def test_the_mix_keeps_questions_the_policy_sometimes_answers_and_caps_each_clas
     rows += [{"id": "q0", "type": "compositional", "pass_rate": 0.25}]
     assert [r["id"] for r in select(rows)] == ["s0", "s2", "s3", "p1", "q0"]  # pass rate strictly in (0, 1)
     assert [r["id"] for r in select(rows, keep_per_class=1)] == ["s0", "p1", "q0"]  # the first of each class
+
+
+def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
+    from training.mix import per_class_counts
+
+    assert per_class_counts("24,parallelisable=72,sequential=96") == {
+        "parallelisable": 72,
+        "sequential": 96,
+        "hybrid": 24,
+        "single-hop": 24,
+    }
+    for bad, says in [
+        ("parallel=3", "unknown question class 'parallel'"),
+        ("24,hybrid=0", "expected a count of at least 1"),
+        ("hybrid=4", "gives no count for ['parallelisable', 'sequential', 'single-hop']"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            per_class_counts(bad)
+
+
+def test_the_mix_reuses_pass_rates_only_from_the_same_policy_and_rollout_settings(tmp_path):
+    from training.mix import build_parser, reused_pass_rates
+
+    earlier = tmp_path / "mix"
+    earlier.mkdir()
+    (earlier / "candidates.jsonl").write_text(
+        json.dumps({"id": "q1", "question": "Who?", "pass_rate": 0.25})
+        + "\n"
+        + json.dumps({"id": "q2", "question": "When?", "pass_rate": 1.0})
+        + "\n"
+    )
+    command = f"python training/mix.py --out {earlier} --per-class 24 --k 4"
+    (earlier / "summary.json").write_text(json.dumps({"command": command}))
+    parser = build_parser()
+    now = vars(parser.parse_args(["--out", str(tmp_path / "balanced"), "--per-class", "24,hybrid=48"]))
+    assert reused_pass_rates(earlier / "candidates.jsonl", now, parser) == {"q1": 0.25, "q2": 1.0}
+
+    hotter = vars(parser.parse_args(["--temperature", "1.2", "--k", "8"]))
+    with pytest.raises(ValueError, match=r"other settings .*'k': \(4, 8\), 'temperature': \(1.0, 1.2\)"):
+        reused_pass_rates(earlier / "candidates.jsonl", hotter, parser)
+    (earlier / "summary.json").unlink()
+    with pytest.raises(ValueError, match=re.escape("with its summary.json beside it")):
+        reused_pass_rates(earlier / "candidates.jsonl", now, parser)

