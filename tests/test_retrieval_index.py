@@ -2,6 +2,7 @@
 real FAISS (Flat, HNSW, IVF-PQ) and bm25s indexes, hybrid fusion, resuming, and manifest checks."""
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -237,3 +238,21 @@ def test_index_build_cli(corpus, tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "expected some of flat, hnsw, ivfpq, bm25" in bad.stderr
+
+
+def test_a_settled_file_is_checksummed_once_and_a_fresh_rewrite_is_read_again(tmp_path, monkeypatch):
+    from ps_agent.retrieval import corpus as corpus_module
+
+    reads = []
+    sha1 = corpus_module._sha1
+    monkeypatch.setattr(corpus_module, "_sha1", lambda path: reads.append(path) or sha1(path))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"a" * 1000)
+    an_hour_ago = time.time() - 3600
+    os.utime(weights, (an_hour_ago, an_hour_ago))
+    first = file_checksum(weights)
+    assert file_checksum(tmp_path / "." / "model.safetensors") == first and len(reads) == 1  # one read, any spelling
+
+    weights.write_bytes(b"b" * 1000)  # same size, modified just now
+    assert file_checksum(weights) != first and len(reads) == 2
+    assert file_checksum(weights) == hashlib.sha1(b"b" * 1000).hexdigest() and len(reads) == 3  # not settled yet
