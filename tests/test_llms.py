@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from ps_agent.llms import (
     EMBEDDED_BASE,
     Completion,
+    ContextFull,
     LLMSpecError,
     OpenAICompletionsPolicy,
     TransformersPolicy,
@@ -147,14 +148,14 @@ class VLLMDouble:
     It records the body and the client's port of every request; ``/tokenize`` gives 3 ids for any text.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_model_len: int | None = None) -> None:
         self.requests: list[tuple[int, str, dict]] = []
         app = FastAPI()
 
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
             self.requests.append((request.client.port, "models", {}))
-            return {"data": [{"id": "double"}]}
+            return {"data": [{"id": "double"} | ({"max_model_len": max_model_len} if max_model_len else {})]}
 
         @app.post("/tokenize")
         async def tokenize(request: Request) -> dict:
@@ -210,6 +211,20 @@ def test_the_vllm_policy_sends_exact_ids_over_one_connection_pool_per_event_loop
     assert sent == [[1, 2, 3, 5, 6, 1, 2, 3]] * 6  # the model's own ids kept, environment text tokenized
     (turn, *_) = turns
     assert (turn.token_ids, turn.logprobs, turn.finish_reason, turn.prompt_tokens) == ([7, 8], [-0.5, -0.25], "stop", 8)
+
+
+def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_left():
+    prompt = render_chat_prompt(QUESTION)
+    search = [{"role": "model", "text": "<search> q </search>", "token_ids": [5, 6]}]
+    with VLLMDouble(max_model_len=10) as double:  # the prompt tokenizes to 3 ids here
+        policy = OpenAICompletionsPolicy(f"http://127.0.0.1:{double.port}/v1")
+        asyncio.run(policy.acomplete(prompt, search * 2, stop=STOP_SEQUENCES, max_tokens=8))  # 7 of 10 used
+        asked = [body["max_tokens"] for _, kind, body in double.requests if kind == "completions"]
+        assert asked == [3]  # the room left, not the 8 asked for, which the server would refuse outright
+        full = r"context of 11 tokens fills the served model's window \(max_model_len 10\)"
+        with pytest.raises(ContextFull, match=full):
+            asyncio.run(policy.acomplete(prompt, search * 4, stop=STOP_SEQUENCES, max_tokens=8))
+        assert [kind for _, kind, _ in double.requests].count("completions") == 1  # nothing sent that must fail
 
 
 # --- the shipped policies ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy, tok
 from ps_agent.llms.local import TransformersPolicy
 from ps_agent.llms.specs import SPEC_FORMS, resolve_chat_model, resolve_text_policy
 from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length, segment_ids
-from ps_agent.llms.vllm import OpenAICompletionsPolicy
+from ps_agent.llms.vllm import ContextFull, OpenAICompletionsPolicy
 
 __all__ = [
     "EMBEDDED_ADAPTERS",
@@ -43,6 +43,7 @@ __all__ = [
     "EMBEDDED_MODEL_PACKAGE",
     "SPEC_FORMS",
     "Completion",
+    "ContextFull",
     "LLMSpecError",
     "LangChainChatPolicy",
     "LangChainLLMPolicy",

@@ -15,6 +15,10 @@ from ps_agent.protocol import ChatPrompt
 from ps_agent.state import Segment
 
 
+class ContextFull(ValueError):
+    """A turn's context leaves no room in the served model's window."""
+
+
 class OpenAICompletionsPolicy:
     """A vLLM OpenAI-compatible server, token-exact: prompts are sent as token ids.
 
@@ -37,6 +41,7 @@ class OpenAICompletionsPolicy:
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
         self.model = model
+        self.max_model_len: int | None = None  # the served window, from /models (vLLM reports it)
         self.temperature = temperature
         self.top_p = top_p
         self.clients = LoopClients(timeout=timeout_s)
@@ -46,10 +51,14 @@ class OpenAICompletionsPolicy:
         await self.clients.aclose()
 
     async def _model_name(self, client: httpx.AsyncClient) -> str:
-        if self.model is None:
+        if self.max_model_len is None:  # once: the served window (vLLM reports it), and the model when not given
             response = await client.get(f"{self.base_url}/models")
-            response.raise_for_status()
-            self.model = response.json()["data"][0]["id"]
+            if self.model is None:
+                response.raise_for_status()
+            cards = response.json()["data"] if response.is_success else []
+            card = next((c for c in cards if c["id"] == self.model), cards[0] if cards else {})
+            self.model = self.model or card["id"]
+            self.max_model_len = card.get("max_model_len") or 0  # 0: not reported, not checked
         return self.model
 
     @staticmethod
@@ -88,6 +97,14 @@ class OpenAICompletionsPolicy:
         client = await self.clients.get()
         model = await self._model_name(client)
         context = await self._context(client, model, prompt, transcript)
+        if self.max_model_len:  # the turn gets the room left in the window; none left is an error that says so
+            room = self.max_model_len - len(context)
+            if room < 1:
+                raise ContextFull(
+                    f"the context of {len(context)} tokens fills the served model's window (max_model_len "
+                    f"{self.max_model_len}): fewer turns, sub-queries or passages, or a server with a longer window"
+                )
+            max_tokens = min(max_tokens, room)
         response = await self._post(
             client,
             f"{self.base_url}/completions",

