@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -850,3 +851,34 @@ def test_the_mix_reuses_pass_rates_only_from_the_same_policy_and_rollout_setting
     (earlier / "summary.json").unlink()
     with pytest.raises(ValueError, match=re.escape("with its summary.json beside it")):
         reused_pass_rates(earlier / "candidates.jsonl", now, parser)
+
+
+def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_rollout_as_unanswered(
+    smollm2_path, tmp_path
+):
+    from transformers import AutoTokenizer
+
+    from ps_agent.llms import ContextFull
+    from training.mix import sampled_pass_rates
+
+    class FullAtFirst(ScriptedAnswers):  # a turn whose context fills the served window fails its rollout
+        async def acomplete(self, prompt, transcript, *, stop, max_tokens):
+            completion = await super().acomplete(prompt, transcript, stop=stop, max_tokens=max_tokens)
+            if completion.text.endswith("<answer>FULL</answer>"):
+                raise ContextFull("the context fills the served model's window")
+            return completion
+
+    script = {"always": ["right"], "mixed": ["right", "wrong"], "full": ["FULL", "right"]}
+    policy = FullAtFirst(AutoTokenizer.from_pretrained(smollm2_path), {f"Question {k}?": v for k, v in script.items()})
+    rows = [{"prompt": f"Question {k}?", "golden_answers": ["right"], "question_type": None, "id": k} for k in script]
+    progress = tmp_path / "pass_rates.jsonl"
+    progress.write_text(json.dumps({"id": "earlier", "pass_rate": 0.25}) + "\n")  # a resumed mix appends
+    settings = RolloutSettings(retriever=SleepyRetriever())
+    asyncio.run(sampled_pass_rates(rows, policy, settings, k=2, progress=progress, questions=2))
+    lines = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert lines == [
+        {"id": "earlier", "pass_rate": 0.25},
+        {"id": "always", "pass_rate": 1.0},
+        {"id": "mixed", "pass_rate": 0.5},
+        {"id": "full", "pass_rate": 0.5},  # the failed rollout is a miss; the other rollouts went on
+    ]

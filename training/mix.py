@@ -37,6 +37,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
 from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
@@ -147,20 +148,31 @@ def reused_pass_rates(path: Path, settings: dict[str, Any], parser: argparse.Arg
     return {r["id"]: r["pass_rate"] for r in rows}
 
 
-async def sampled_outcomes(rows: list[dict], policy: Any, settings: RolloutSettings, k: int, chunk: int = 64):
-    """Outcome (EM, a forced answer earns 0) of ``k`` rollouts of each row, rows in order."""
-    tried = [row for row in rows for _ in range(k)]
-    outcomes: list[float] = []
-    for start in range(0, len(tried), chunk):
-        part = tried[start : start + chunk]
-        policy.expected = len(part)  # hf: every active rollout's turn in one batch
-        outs = await run_agents(part, policy, settings)
-        outcomes += [
-            0.0 if forced(out["trajectory"]) else exact_match(out["answer"], row["golden_answers"])
-            for row, out in zip(part, outs, strict=True)
-        ]
-        logger.info("rolled out %d / %d", len(outcomes), len(tried))
-    return outcomes
+def outcome(out: Any, row: dict[str, Any]) -> float:
+    """EM of one rollout; a forced answer, or a run that failed (e.g. its context filled the window), earns 0."""
+    if isinstance(out, AgentError):
+        logger.warning("a rollout of %s failed, counted as unanswered: %s", row["id"], out)
+        return 0.0
+    if isinstance(out, BaseException):
+        raise out
+    return 0.0 if forced(out["trajectory"]) else exact_match(out["answer"], row["golden_answers"])
+
+
+async def sampled_pass_rates(
+    rows: list[dict], policy: Any, settings: RolloutSettings, k: int, progress: Path, questions: int = 16
+) -> None:
+    """Roll out each row ``k`` times, ``questions`` rows at a time, and append each row's pass rate to
+    ``progress`` as its rollouts finish: an interrupted mix keeps what it sampled, and resumes from there."""
+    for start in range(0, len(rows), questions):
+        part = rows[start : start + questions]
+        tried = [row for row in part for _ in range(k)]
+        policy.expected = len(tried)  # hf: every active rollout's turn in one batch
+        outs = await run_agents(tried, policy, settings, return_exceptions=True)
+        rates = pass_rates([outcome(out, row) for row, out in zip(tried, outs, strict=True)], k)
+        with progress.open("a") as f:
+            for row, rate in zip(part, rates, strict=True):
+                f.write(json.dumps({"id": row["id"], "pass_rate": rate}) + "\n")
+        logger.info("rolled out %d / %d questions", start + len(part), len(rows))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,35 +222,42 @@ def main(argv: list[str] | None = None) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     args.out.mkdir(parents=True, exist_ok=True)
+    command = "python training/mix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    progress = args.out / "pass_rates.jsonl"  # appended as questions finish; a rerun into OUT resumes from it
+    if progress.exists():
+        try:
+            reused |= reused_pass_rates(progress, vars(args), parser)
+        except ValueError as e:
+            parser.error(f"{e} (or another --out)")
+    else:
+        (args.out / "summary.json").write_text(json.dumps({"command": command}, indent=1) + "\n")  # its settings
     records = candidates(per_class, Path("runs/gold"), args.seed)
     fresh = [r for r in records if r["id"] not in reused]
-    logger.info("%d candidates, %d with pass rates from --reuse", len(records), len(records) - len(fresh))
-    (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
-    rows = read_jsonl(args.out / "questions.jsonl") if fresh else []
-    base = model_path("smollm2")
-    settings = RolloutSettings(  # how the agent runs; the policy is made below
-        mode=args.mode, max_turns=args.max_turns, topk=args.topk, max_new_tokens=args.max_new_tokens
-    )
-    model, tokenizer = load_adapter_model(args.policy, base)
-    if not rows:
-        outcomes = []
-    elif args.backend == "hf":
-        policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
-        outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
-    else:
-        model.save_pretrained(args.out / "policy-merged")  # served without LoRA: its CPU path decodes slower
-        tokenizer.save_pretrained(args.out / "policy-merged")
-        with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
-            policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
-            outcomes = asyncio.run(sampled_outcomes(rows, policy, settings, args.k))
-    rates = dict(zip((r["id"] for r in fresh), pass_rates(outcomes, args.k), strict=True)) | reused
+    logger.info("%d candidates, %d with pass rates sampled before", len(records), len(records) - len(fresh))
+    if fresh:
+        (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
+        rows = read_jsonl(args.out / "questions.jsonl")
+        settings = RolloutSettings(  # how the agent runs; the policy is made below
+            mode=args.mode, max_turns=args.max_turns, topk=args.topk, max_new_tokens=args.max_new_tokens
+        )
+        model, tokenizer = load_adapter_model(args.policy, model_path("smollm2"))
+        if args.backend == "hf":
+            policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
+            asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
+        else:
+            model.save_pretrained(args.out / "policy-merged")  # served without LoRA: its CPU path decodes slower
+            tokenizer.save_pretrained(args.out / "policy-merged")
+            with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
+                policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
+                asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
+        reused |= reused_pass_rates(progress, vars(args), parser)
     for record in records:
-        record["pass_rate"] = rates[record["id"]]
+        record["pass_rate"] = reused[record["id"]]
     kept = select(records, args.keep_per_class)
     (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     summary = {
-        "command": "python training/mix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
         "policy": args.policy,
         "k": args.k,
         "candidates": proportions(records),

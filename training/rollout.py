@@ -378,9 +378,12 @@ class AgentRollout:
         return await run_agents([self.rows[p] for p in prompts], policy, self.settings)
 
 
-async def run_agents(rows: Sequence[dict[str, Any]], policy: Any, settings: RolloutSettings) -> list[dict[str, Any]]:
+async def run_agents(
+    rows: Sequence[dict[str, Any]], policy: Any, settings: RolloutSettings, return_exceptions: bool = False
+) -> list[Any]:
     """The agent's run on each training row with ``policy``, all concurrently; a row with a ``corpus`` is
-    searched there, the others in ``settings.retriever``."""
+    searched there, the others in ``settings.retriever``. ``return_exceptions``: a failed run's exception
+    (an ``AgentError`` with its partial trajectory) takes its place, and the others go on."""
     agents: dict[Any, ParallelSearchAgent] = {}
     for corpus in {row.get("corpus") for row in rows}:
         agents[corpus] = ParallelSearchAgent(
@@ -403,4 +406,4 @@ async def run_agents(rows: Sequence[dict[str, Any]], policy: Any, settings: Roll
             if isinstance(policy, TransformersPolicy):
                 policy.expected -= 1  # a finished rollout leaves the batch
 
-    return await asyncio.gather(*(one(r) for r in runs))
+    return await asyncio.gather(*(one(r) for r in runs), return_exceptions=return_exceptions)
