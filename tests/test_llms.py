@@ -7,6 +7,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -225,6 +226,18 @@ def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_
         with pytest.raises(ContextFull, match=full):
             asyncio.run(policy.acomplete(prompt, search * 4, stop=STOP_SEQUENCES, max_tokens=8))
         assert [kind for _, kind, _ in double.requests].count("completions") == 1  # nothing sent that must fail
+
+
+def test_a_vllm_server_serves_its_model_s_own_window_unless_told(smollm2_path, tmp_path):
+    from ps_agent.llms.vllm_server import VLLMServer
+
+    def window(server: VLLMServer) -> int:
+        command = server.command(Path("python"))
+        return int(command[command.index("--max-model-len") + 1])
+
+    assert window(VLLMServer(smollm2_path, port=1)) == 8192  # SmolLM2's max_position_embeddings
+    assert window(VLLMServer(smollm2_path, port=1, max_model_len=2048)) == 2048
+    assert window(VLLMServer(tmp_path, port=1)) == 4096  # no config.json to read: the fallback
 
 
 # --- the shipped policies ----------------------------------------------------------------------
