@@ -828,6 +828,22 @@ def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
             per_class_counts(bad)
 
 
+def test_the_mix_can_spread_each_class_across_plan_widths():
+    from training.gold import GoldQuestion
+    from training.mix import by_width, spread_by_width, width
+
+    def comparison(name: str, entities: int) -> GoldQuestion:
+        plan = [[{"sub_question": f"{name}{i}", "passage_id": f"p{i}"} for i in range(entities)]]
+        return GoldQuestion(name, name, ["x"], "comparison", plan, "synthetic", "corpus.jsonl")
+
+    assert width([[{}], [{}, {}, {}], [{}]]) == 3  # a hybrid: its widest round
+    # drawn at random: two-entity comparisons first and most; spread: one of each width in turn, narrowest first
+    group = [comparison(n, w) for n, w in [("a", 2), ("b", 2), ("c", 5), ("d", 2), ("e", 3), ("f", 5), ("g", 2)]]
+    spread = spread_by_width(group)
+    assert [q.id for q in spread] == ["a", "e", "c", "b", "f", "d", "g"]
+    assert by_width([{"width": width(q.plan)} for q in spread[:3]]) == {"2": 1, "3": 1, "5": 1}
+
+
 def test_the_mix_reuses_pass_rates_only_from_the_same_policy_and_rollout_settings(tmp_path):
     from training.mix import build_parser, reused_pass_rates
 
@@ -874,7 +890,8 @@ def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_roll
     progress = tmp_path / "pass_rates.jsonl"
     progress.write_text(json.dumps({"id": "earlier", "pass_rate": 0.25}) + "\n")  # a resumed mix appends
     settings = RolloutSettings(retriever=SleepyRetriever())
-    asyncio.run(sampled_pass_rates(rows, policy, settings, k=2, progress=progress, questions=2))
+    sampled = asyncio.run(sampled_pass_rates(rows, policy, settings, k=2, progress=progress, questions=2))
+    assert sampled == {"always": 1.0, "mixed": 0.5, "full": 0.5}  # this run's rates, not the earlier ones
     lines = [json.loads(line) for line in progress.read_text().splitlines()]
     assert lines == [
         {"id": "earlier", "pass_rate": 0.25},

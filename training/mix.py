@@ -4,6 +4,8 @@ is strictly between 0 and 1.
     python training/mix.py --out runs/mix --per-class 80 --policy policies/smollm2-parallelsearch
     python training/mix.py --out runs/mix-balanced --per-class 24,parallelisable=72,sequential=96,hybrid=48 \
         --keep-per-class 12 --reuse runs/mix/candidates.jsonl   # classes in balance; earlier pass rates reused
+    python training/mix.py --out runs/mix-wide --per-class 12,parallelisable=56,sequential=48,hybrid=32 \
+        --keep-per-class 10 --spread-width --max-new-tokens 192   # and comparisons of 2 to 8 entities in balance
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), ``--per-class`` of each of the four classes (single-hop,
@@ -19,12 +21,16 @@ The policy answers the classes at very different rates (single-hop about 3 in 4,
 balanced mix draws more candidates of the hard classes (``--per-class DEFAULT,CLASS=N,...``). The candidate
 draw is stable: a larger count extends a smaller one's questions, and ``--reuse`` takes the pass rates of an
 earlier mix made with the same policy and rollout settings instead of rolling those questions out again.
+Drawn at random, the parallelisable questions are mostly the shared sets' two-entity comparisons, and a policy
+trained on them learns to stop splitting wider ones; ``--spread-width`` draws each class evenly across plan
+widths, and ``--max-new-tokens`` must leave room for a turn that names eight entities.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -71,11 +77,33 @@ def per_class_counts(text: str) -> dict[str, int]:
     return {c: counts.get(c, default) for c in QUESTION_CLASSES}
 
 
+def width(plan: Sequence[Sequence[Any]]) -> int:
+    """A plan's width: the sub-queries of its widest search round (a 5-entity comparison: 5)."""
+    return max((len(r) for r in plan), default=0)
+
+
+def spread_by_width(group: Sequence[Any]) -> list[Any]:
+    """``group`` (gold questions, in order) interleaved across plan widths, narrowest first: the first of each
+    width, then the second of each, ... A prefix of any length covers the widths about evenly, and the order
+    still does not depend on how many are taken."""
+    by_width: dict[int, list] = {}
+    for q in group:
+        by_width.setdefault(width(q.plan), []).append(q)
+    columns = [by_width[w] for w in sorted(by_width)]
+    return [q for row in itertools.zip_longest(*columns) for q in row if q is not None]
+
+
 def candidates(
-    per_class: dict[str, int], work_dir: Path, seed: int = 0, shared: Sequence[str] = SHARED_SETS
+    per_class: dict[str, int],
+    work_dir: Path,
+    seed: int = 0,
+    shared: Sequence[str] = SHARED_SETS,
+    spread_width: bool = False,
 ) -> list[dict]:
     """Up to ``per_class[c]`` questions of each class ``c`` from the gold questions, as question records with a
-    corpus. Each class's order does not depend on the counts, so a larger count extends a smaller one."""
+    corpus and the ``width`` of their plan. Each class's order does not depend on the counts, so a larger count
+    extends a smaller one. ``spread_width``: each class drawn evenly across plan widths (otherwise the shared
+    sets' two-entity comparisons make most of the parallelisable draw)."""
     gold = gold_questions(TRAIN_SEEDS, shared=shared, work_dir=work_dir)
     by_class: dict[str, list] = {c: [] for c in QUESTION_CLASSES}
     seen: set[str] = set()
@@ -88,6 +116,8 @@ def candidates(
     for cls in QUESTION_CLASSES:
         group = sorted(by_class[cls], key=lambda q: q.id)
         rng.shuffle(group)
+        if spread_width:
+            group = spread_by_width(group)
         records += [
             {
                 "id": q.id,
@@ -95,6 +125,7 @@ def candidates(
                 "golden_answers": q.golden_answers,
                 "type": q.type,
                 "source": q.source,
+                "width": width(q.plan),
                 "corpus": str(Path(q.corpus).resolve()),
             }
             for q in group[: per_class[cls]]
@@ -120,6 +151,11 @@ def select(records: Sequence[dict[str, Any]], keep_per_class: int | None = None)
             counts[cls] += 1
             kept.append(record)
     return kept
+
+
+def by_width(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many records of each plan width, narrowest first."""
+    return {str(w): n for w, n in sorted(Counter(r["width"] for r in records).items())}
 
 
 def proportions(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -162,9 +198,11 @@ def outcome(out: Any, row: dict[str, Any]) -> float:
 
 async def sampled_pass_rates(
     rows: list[dict], policy: Any, settings: RolloutSettings, k: int, progress: Path, questions: int = 16
-) -> None:
+) -> dict[str, float]:
     """Roll out each row ``k`` times, ``questions`` rows at a time, and append each row's pass rate to
-    ``progress`` as its rollouts finish: an interrupted mix keeps what it sampled, and resumes from there."""
+    ``progress`` as its rollouts finish: an interrupted mix keeps what it sampled, and resumes from there.
+    Returns the pass rate by row id."""
+    sampled: dict[str, float] = {}
     for start in range(0, len(rows), questions):
         part = rows[start : start + questions]
         tried = [row for row in part for _ in range(k)]
@@ -174,7 +212,9 @@ async def sampled_pass_rates(
         with progress.open("a") as f:
             for row, rate in zip(part, rates, strict=True):
                 f.write(json.dumps({"id": row["id"], "pass_rate": rate}) + "\n")
+                sampled[row["id"]] = rate
         logger.info("rolled out %d / %d questions", start + len(part), len(rows))
+    return sampled
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
         "merged policy in process, turns batched (it recomputes every context: far slower on multi-turn episodes)",
     )
     parser.add_argument(
+        "--spread-width",
+        action="store_true",
+        help="draw each class evenly across plan widths (2..8-entity comparisons), not mostly two-entity ones",
+    )
+    parser.add_argument(
         "--reuse", type=Path, default=None, help="an earlier mix's candidates.jsonl: its pass rates are not resampled"
     )
     return parser
@@ -214,7 +259,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     try:
         per_class = per_class_counts(args.per_class)
-        reused = reused_pass_rates(args.reuse, vars(args), parser) if args.reuse else {}
+        rates = reused_pass_rates(args.reuse, vars(args), parser) if args.reuse else {}  # pass rate by id
     except ValueError as e:
         parser.error(f"--per-class or --reuse: {e}")
     if args.k < 2:
@@ -228,13 +273,13 @@ def main(argv: list[str] | None = None) -> Path:
     progress = args.out / "pass_rates.jsonl"  # appended as questions finish; a rerun into OUT resumes from it
     if progress.exists():
         try:
-            reused |= reused_pass_rates(progress, vars(args), parser)
+            rates |= reused_pass_rates(progress, vars(args), parser)
         except ValueError as e:
             parser.error(f"{e} (or another --out)")
     else:
         (args.out / "summary.json").write_text(json.dumps({"command": command}, indent=1) + "\n")  # its settings
-    records = candidates(per_class, Path("runs/gold"), args.seed)
-    fresh = [r for r in records if r["id"] not in reused]
+    records = candidates(per_class, Path("runs/gold"), args.seed, spread_width=args.spread_width)
+    fresh = [r for r in records if r["id"] not in rates]
     logger.info("%d candidates, %d with pass rates sampled before", len(records), len(records) - len(fresh))
     if fresh:
         (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
@@ -245,16 +290,15 @@ def main(argv: list[str] | None = None) -> Path:
         model, tokenizer = load_adapter_model(args.policy, model_path("smollm2"))
         if args.backend == "hf":
             policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
-            asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
+            rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
         else:
             model.save_pretrained(args.out / "policy-merged")  # served without LoRA: its CPU path decodes slower
             tokenizer.save_pretrained(args.out / "policy-merged")
             with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
                 policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
-                asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
-        reused |= reused_pass_rates(progress, vars(args), parser)
+                rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
     for record in records:
-        record["pass_rate"] = reused[record["id"]]
+        record["pass_rate"] = rates[record["id"]]
     kept = select(records, args.keep_per_class)
     (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -271,6 +315,7 @@ def main(argv: list[str] | None = None) -> Path:
                 "one": sum(r["pass_rate"] == 1 for r in group),
                 "between": sum(0 < r["pass_rate"] < 1 for r in group),
                 "kept": sum(question_class(r["type"]) == cls for r in kept),
+                "kept_by_width": by_width([r for r in kept if question_class(r["type"]) == cls]),
             }
             for cls in QUESTION_CLASSES
             if (group := [r for r in records if question_class(r["type"]) == cls])
