@@ -21,9 +21,9 @@ The policy answers the classes at very different rates (single-hop about 3 in 4,
 balanced mix draws more candidates of the hard classes (``--per-class DEFAULT,CLASS=N,...``). The candidate
 draw is stable: a larger count extends a smaller one's questions, and ``--reuse`` takes the pass rates of an
 earlier mix made with the same policy and rollout settings instead of rolling those questions out again.
-Drawn at random, the parallelisable questions are mostly the shared sets' two-entity comparisons, and a policy
-trained on them learns to stop splitting wider ones; ``--spread-width`` draws each class evenly across plan
-widths, and ``--max-new-tokens`` must leave room for a turn that names eight entities.
+Drawn at random, half the parallelisable candidates are two-entity comparisons (all the shared sets' ones), and
+a policy trained on such a mix stopped splitting wider ones; ``--spread-width`` draws each class evenly across
+plan widths, and ``--max-new-tokens`` must leave room for a turn that names eight entities.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def candidates(
     """Up to ``per_class[c]`` questions of each class ``c`` from the gold questions, as question records with a
     corpus and the ``width`` of their plan. Each class's order does not depend on the counts, so a larger count
     extends a smaller one. ``spread_width``: each class drawn evenly across plan widths (otherwise the shared
-    sets' two-entity comparisons make most of the parallelisable draw)."""
+    sets' two-entity comparisons make half the parallelisable draw)."""
     gold = gold_questions(TRAIN_SEEDS, shared=shared, work_dir=work_dir)
     by_class: dict[str, list] = {c: [] for c in QUESTION_CLASSES}
     seen: set[str] = set()
