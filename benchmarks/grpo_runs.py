@@ -1,5 +1,5 @@
 """Curves of GRPO runs from their logs: rewards by component, dead groups before and after dynamic sampling,
-rollout time, per optimizer step.
+rollout time, per optimizer step; and what splitting earned within a group, by question class.
 
     python benchmarks/grpo_runs.py --run grpo-parallel=runs/grpo-parallel --run grpo-sequential=runs/grpo-sequential
 
@@ -67,6 +67,11 @@ def main() -> None:
         lines += [f"## {name} ({run['checkpoint']})\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for row in run["steps"]:
             lines.append("| " + " | ".join("" if row[c] is None else f"{row[c]:.3g}" for c in cols) + " |")
+        advantage = run["rollouts"].get("split_advantage", {})
+        lines.append(
+            "\nWhat splitting earned (mean reward of a group's split rollouts minus its whole ones; total, outcome): "
+            + "; ".join(f"{c} {v['total']:+.2f}, {v['outcome']:+.2f} (n={v['groups']})" for c, v in advantage.items())
+        )
         lines.append("")
     args.out.with_suffix(".md").write_text("\n".join(lines))
 

@@ -78,6 +78,8 @@ def print_rollouts(summary: dict[str, Any], latest: list[dict[str, Any]]) -> Non
         table.add_row(f"decomposed/{cls}", f"{value:.3f}")
     for cls, value in summary.get("class_mix", {}).items():
         table.add_row(f"mix/{cls}", f"{value:.3f}")
+    for cls, value in summary.get("split_advantage", {}).items():  # below 0: GRPO is teaching it to split less
+        table.add_row(f"split − whole/{cls} (n={value['groups']})", f"{value['total']:+.3f}")
     console.print(table)
     for record in latest:
         total = record["rewards"]["total"]

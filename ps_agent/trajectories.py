@@ -98,15 +98,36 @@ def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))
 
 
+def grpo_groups(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rollouts grouped as GRPO compares them: one step's rollouts of one question."""
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["step"], r.get("question")), []).append(r)
+    return list(groups.values())
+
+
+def split_advantage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What splitting earned, by question class: over the GRPO groups holding both split and whole rollouts,
+    the mean reward of the split ones minus that of the whole ones (total, and its outcome part). Its sign is
+    where GRPO pushes the policy: below zero on parallelisable questions, it is learning to stop splitting them
+    (e.g. a comparison answered as often by naming an entity of the question as by searching them all)."""
+    diffs: dict[str, dict[str, list[float]]] = {}
+    for group in grpo_groups(records):
+        split = [r["rewards"] for r in group if r["decomposed"]]
+        whole = [r["rewards"] for r in group if not r["decomposed"]]
+        if split and whole:
+            d = diffs.setdefault(group[0]["question_class"], {"total": [], "outcome": []})
+            for k, values in d.items():
+                values.append(mean([x[k] for x in split]) - mean([x[k] for x in whole]))
+    return {c: {"groups": len(d["total"])} | {k: mean(v) for k, v in d.items()} for c, d in sorted(diffs.items())}
+
+
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
-    decomposition by class (``metrics.behaviour``)."""
+    decomposition by class (``metrics.behaviour``), and the collapse signals."""
     if not records:
         return {"rollouts": 0}
-    groups: dict[tuple[Any, str], list[float]] = {}  # a step's rollouts of one question: a GRPO group
-    for r in records:
-        groups.setdefault((r["step"], r.get("question")), []).append(r["rewards"]["total"])
-    sized = [totals for totals in groups.values() if len(totals) > 1]
+    sized = [[r["rewards"]["total"] for r in g] for g in grpo_groups(records) if len(g) > 1]
     classes = Counter(r["question_class"] for r in records)
     return {
         "rollouts": len(records),
@@ -116,4 +137,5 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         # collapse signals: groups whose rewards are all equal teach nothing; the mix of classes trained on
         "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
         "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},
+        "split_advantage": split_advantage(records),
     }

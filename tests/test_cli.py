@@ -1,6 +1,7 @@
 """The ``ps-agent`` command line, run as a real subprocess."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -103,7 +104,14 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
         "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.5), "format_valid": True, "decomposed": True,
         "stats": {"forced_answer": False, "search_rounds": 1},
     })  # fmt: skip
+    TrajectoryLog(tmp_path / "trajectories-0.jsonl").append({  # the same group, not split, and rewarded less
+        "step": 3, "question_class": "parallelisable", "question": "Older: [b]A[/b] or \x1b[2JB?", "answer": "B",
+        "golden_answers": ["A"], "search_rounds": [{"sub_queries": ["A or B"]}],
+        "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.0), "format_valid": True, "decomposed": False,
+        "stats": {"forced_answer": False, "search_rounds": 1},
+    })  # fmt: skip
     result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert re.search(r"split − whole/parallelisable \(n=1\) *│ *\+0\.500", result.output), result.output
     assert "Older: [b]A[/b] or \\x1b[2JB?" in result.output and "'[/red] A'" in result.output
     assert "search: [/i] A ## B" in result.output and "\x1b" not in result.output

@@ -278,6 +278,27 @@ def test_trajectories_summary_shows_dead_groups_and_the_class_mix():
     summary = summarise(records)
     assert summary["zero_std_groups"] == pytest.approx(1 / 3)  # the same question at another step is another group
     assert summary["class_mix"] == {"sequential": 4 / 6, "single-hop": 2 / 6}
+    assert summary["split_advantage"] == {}  # no group has both split and whole rollouts
+
+
+def test_trajectories_summary_shows_what_splitting_earned_within_each_group():
+    def record(step, question, cls, decomposed, outcome, total):
+        rewards = {"outcome": outcome, "decomposition": 0.0, "search_count": 0.0, "format": 0.0, "total": total}
+        return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
+                "decomposed": decomposed, "stats": {"forced_answer": False, "search_rounds": 1}}  # fmt: skip
+
+    # a 5-entity comparison: the whole rollout guessed right, the split ones read and got it wrong
+    records = [record(0, "a", "parallelisable", True, 0.0, 0.1), record(0, "a", "parallelisable", True, 0.0, 0.1),
+               record(0, "a", "parallelisable", False, 1.0, 1.0),
+               record(1, "b", "parallelisable", True, 1.0, 1.1), record(1, "b", "parallelisable", False, 0.0, 0.0),
+               record(1, "c", "parallelisable", True, 1.0, 1.1),  # all split: nothing to compare
+               record(1, "d", "sequential", True, 0.0, -0.1),
+               record(1, "d", "sequential", False, 0.0, 0.1)]  # fmt: skip
+    advantage = summarise(records)["split_advantage"]
+    assert advantage["parallelisable"]["groups"] == 2
+    assert advantage["parallelisable"]["total"] == pytest.approx(((0.1 - 1.0) + (1.1 - 0.0)) / 2)
+    assert advantage["parallelisable"]["outcome"] == pytest.approx(((0.0 - 1.0) + (1.0 - 0.0)) / 2)
+    assert advantage["sequential"] == {"groups": 1, "total": pytest.approx(-0.2), "outcome": 0.0}
 
 
 def test_dynamic_sampling_is_refused_where_ranks_must_stay_in_step():
