@@ -68,9 +68,12 @@ def main() -> None:
         for row in run["steps"]:
             lines.append("| " + " | ".join("" if row[c] is None else f"{row[c]:.3g}" for c in cols) + " |")
         advantage = run["rollouts"].get("split_advantage", {})
+        earned = "; ".join(
+            f"{c} {a['total']:+.2f}, {a['outcome']:+.2f} (n={a['groups']})" for c, a in advantage.items()
+        )
         lines.append(
             "\nWhat splitting earned (mean reward of a group's split rollouts minus its whole ones; total, outcome): "
-            + "; ".join(f"{c} {v['total']:+.2f}, {v['outcome']:+.2f} (n={v['groups']})" for c, v in advantage.items())
+            + (earned or "no group held both split and whole rollouts")
         )
         lines.append("")
     args.out.with_suffix(".md").write_text("\n".join(lines))
