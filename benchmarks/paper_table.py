@@ -11,6 +11,9 @@ Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder and the mode
 - Table 3 layout: per dataset and question class, for every model, EM, decomposition ratio %, seconds per
   question and turns (LLM calls), with 95% percentile bootstrap intervals on EM and turns (questions resampled);
 - Table 2 layout: EM per benchmark and the average over benchmarks;
+- Table 4 layout (one line per model, e.g. the arms of a reward-weight ablation): every question pooled over the
+  datasets, EM overall and per question class, the decomposition ratio on parallelisable and on sequential
+  questions and the turns on parallelisable ones, with intervals;
 - ours vs the baseline on the questions both answered: the EM difference and the turns ratio, each with a paired
   bootstrap interval (the same resampled questions for both models).
 """
@@ -101,12 +104,18 @@ def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, boo
 
 
 def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: int, seed: int = 0) -> dict:
-    """Every table, as data: ``by_class`` (Table 3), ``by_dataset`` (Table 2) and ``ours_vs_baseline``."""
+    """Every table, as data: ``by_class`` (Table 3), ``by_dataset`` (Table 2), ``pooled`` (Table 4: per question
+    class over all datasets, and ``all``) and ``ours_vs_baseline``."""
     rng = np.random.default_rng(seed)
     lines = {run.name: run.records() for run in runs}
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {"runs": {r.name: {"folder": str(r.folder), "mode": r.mode} for r in runs}}
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
+    result["pooled"] = {"all": {name: cell(records, rng, bootstrap) for name, records in lines.items()}}
+    for cls in QUESTION_CLASSES:
+        subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
+        if any(subset.values()):
+            result["pooled"][cls] = {name: cell(rs, rng, bootstrap) for name, rs in subset.items() if rs}
     for dataset in datasets:
         result["by_dataset"][dataset] = {
             name: cell([r for r in records if r["dataset"] == dataset], rng, bootstrap)
@@ -153,6 +162,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         present = [e for e in ems if e is not None]
         average = f"{np.mean(present):.1f}" if present else "–"
         lines.append(f"| {name} | " + " | ".join("–" if e is None else f"{e:.1f}" for e in ems) + f" | {average} |")
+    lines += ["", "## Every question pooled over the datasets (Table 4 layout; 95% bootstrap intervals)", ""]
+    lines += pooled_rows(result["pooled"])
     if result["ours_vs_baseline"]:
         lines += ["", "## Ours vs the baseline on the same questions (paired bootstrap)", ""]
         lines += ["| dataset / class | n | EM difference (points) | turns ratio |", "|---|---|---|---|"]
@@ -160,6 +171,29 @@ def markdown(result: dict[str, Any], command: str) -> str:
             em, ratio = _ci(p["em_diff"], p["em_diff_ci"]), _ci(p["turns_ratio"], p["turns_ratio_ci"], 2)
             lines.append(f"| {key} | {p['n']} | {em} | {ratio} |")
     return "\n".join(lines) + "\n"
+
+
+def pooled_rows(pooled: dict[str, dict[str, dict]]) -> list[str]:
+    """One line per model: EM overall and per class, decomposition % where it decides (parallelisable: should
+    split; sequential: should not), turns on parallelisable questions; ``–`` where a model ran no such question."""
+    classes = [c for c in QUESTION_CLASSES if c in pooled]
+
+    def at(cls: str, name: str, text) -> str:
+        c = pooled.get(cls, {}).get(name)
+        return "–" if c is None else text(c)
+
+    header = ["model", "n", "EM all"] + [f"EM {c}" for c in classes]
+    header += ["decomp. % parallelisable", "decomp. % sequential", "turns parallelisable"]
+    rows = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for name in pooled["all"]:
+        cells = [name, str(pooled["all"][name]["n"]), _ci(pooled["all"][name]["em"], pooled["all"][name]["em_ci"])]
+        cells += [at(cls, name, lambda c: f"{c['em']:.1f} (n={c['n']})") for cls in classes]
+        cells += [
+            at(cls, name, lambda c: f"{c['decomposition_ratio']:.1f}") for cls in ("parallelisable", "sequential")
+        ]
+        cells.append(at("parallelisable", name, lambda c: _ci(c["turns"], c["turns_ci"], 2)))
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
