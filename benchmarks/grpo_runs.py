@@ -4,7 +4,8 @@ rollout time, per optimizer step; and what splitting earned within a group, by q
     python benchmarks/grpo_runs.py --run grpo-parallel=runs/grpo-parallel --run grpo-sequential=runs/grpo-sequential
 
 Each run folder's newest ``checkpoint-*/trainer_state.json`` holds TRL's log history; ``trajectories-*.jsonl`` the
-rollouts. Writes ``benchmarks/results/grpo_runs.{json,md,png}``.
+rollouts. ``NAME=RUN_DIR/checkpoint-N`` reads a run up to that checkpoint (to set a longer run beside shorter ones).
+Writes ``benchmarks/results/grpo_runs.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ KEYS = {
 
 
 def curves(folder: Path) -> dict:
-    checkpoints = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if (folder / "trainer_state.json").is_file():  # a checkpoint: the run up to it
+        checkpoints, folder = [folder], folder.parent
+    else:
+        checkpoints = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     if not checkpoints:
         raise SystemExit(f"{folder} has no checkpoint-*/trainer_state.json")
     state = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
