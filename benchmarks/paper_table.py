@@ -111,11 +111,6 @@ def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: 
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {"runs": {r.name: {"folder": str(r.folder), "mode": r.mode} for r in runs}}
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
-    result["pooled"] = {"all": {name: cell(records, rng, bootstrap) for name, records in lines.items()}}
-    for cls in QUESTION_CLASSES:
-        subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
-        if any(subset.values()):
-            result["pooled"][cls] = {name: cell(rs, rng, bootstrap) for name, rs in subset.items() if rs}
     for dataset in datasets:
         result["by_dataset"][dataset] = {
             name: cell([r for r in records if r["dataset"] == dataset], rng, bootstrap)
@@ -134,6 +129,12 @@ def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: 
             result["by_class"][key] = {name: cell(records, rng, bootstrap) for name, records in subset.items()}
             if ours in subset and baseline in subset:
                 result["ours_vs_baseline"][key] = paired(subset[ours], subset[baseline], rng, bootstrap)
+    # drawn after the per-dataset tables, so their intervals stay those of the earlier results files
+    result["pooled"] = {"all": {name: cell(records, rng, bootstrap) for name, records in lines.items()}}
+    for cls in QUESTION_CLASSES:
+        subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
+        if any(subset.values()):
+            result["pooled"][cls] = {name: cell(rs, rng, bootstrap) for name, rs in subset.items() if rs}
     return result
 
 
