@@ -73,6 +73,11 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
     assert "| ours | 60.0 | – | 60.0 |" in text  # Table 2: EM per benchmark, average over those it ran
     assert "| hotpotqa/parallelisable | 4 | 25.0 [" in text and out.with_suffix(".png").stat().st_size > 0
+    pooled = result["pooled"]  # Table 4: every dataset together, one line per model
+    assert pooled["all"]["search-r1"]["n"] == 5 and pooled["all"]["search-r1"]["em"] == 60.0  # hotpotqa and nq
+    assert pooled["sequential"]["ours"]["decomposition_ratio"] == 0.0 and "search-r1" not in pooled["sequential"]
+    assert "| ours | 5 | 60.0 [" in text and "| 75.0 (n=4) | 0.0 (n=1) | – | 100.0 | 0.0 | 2.00 [2.00, 2.00] |" in text
+    assert "| 50.0 (n=4) | – | 100.0 (n=1) | 0.0 | – | 3.00 [3.00, 3.00] |" in text  # the baseline ran no sequential
     again = paper_table.main([*argv, "--baseline", "search-r1", "--bootstrap", "500", "--out", str(tmp_path / "b")])
     assert again["by_class"] == result["by_class"]  # seeded: the same intervals
 
