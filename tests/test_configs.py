@@ -44,3 +44,30 @@ def test_sft_configs_parse_with_trls_parser(path):
 
     args, config = parse(["--config", str(path)])
     assert Path(args.episodes).suffix == ".jsonl" and config.max_length > 0
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["gpu", "cpu"])
+def test_training_scripts_train_on_the_gpu_when_torch_sees_one(monkeypatch, cuda):
+    import torch
+
+    from training import run_grpo, run_sft
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)  # a stand-in answer: no GPU is touched
+    grpo, sft = run_grpo.device_defaults(), run_sft.device_defaults()
+    assert grpo["use_cpu"] is sft["use_cpu"] is (not cuda)
+    assert grpo["bf16"] is cuda  # GRPO on a CPU stays float32
+    if cuda:
+        assert sft["bf16"] is True
+    else:  # SFT on a CPU: bf16 autocast only where the CPU computes it natively
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+        assert run_sft.device_defaults() == {"use_cpu": True, "bf16": False}
+
+
+def test_training_scripts_parse_to_the_cpu_without_a_gpu_and_flags_override(monkeypatch):
+    import torch
+
+    from training.run_grpo import parse
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse([])[1].use_cpu is True and parse([])[1].bf16 is False
+    assert parse(["--use_cpu", "false", "--bf16", "false"])[1].use_cpu is False

@@ -1,12 +1,13 @@
 """Train a ParallelSearch agent with GRPO (TRL) on its own LangGraph trajectories.
 
-    python training/run_grpo.py                          # short CPU run on the embedded defaults
+    python training/run_grpo.py                          # short run on the embedded defaults
     python training/run_grpo.py --config training/configs/hotpotqa.yaml
     accelerate launch --num_processes 2 --cpu training/run_grpo.py --max_steps 1 ...
 
 Every field of ``ParallelSearchArguments`` and of TRL's ``GRPOConfig`` is a flag (``--loss_type dr_grpo``,
 ``--beta 0.04``, ``--num_generations 8``, ``--resume_from_checkpoint RUN/checkpoint-10``, ...) or a key of
-the YAML file given with ``--config``.
+the YAML file given with ``--config``. It trains on the GPU (bf16 autocast) when torch sees one, else on the CPU
+in float32; ``--use_cpu`` and ``--bf16`` choose otherwise.
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ DEFAULTS = {
     "temperature": 1.0,
     "beta": 0.0,
     "report_to": ["tensorboard"],
-    "use_cpu": True,
-    "bf16": False,
     "seed": 0,
 }
 
@@ -230,12 +229,21 @@ def server_died(server: VLLMServer, output_dir: str) -> str:
     )
 
 
+def device_defaults() -> dict[str, bool]:
+    """Where to train unless ``--use_cpu``/``--bf16`` say otherwise: the GPU when torch sees one, with bf16
+    autocast; else the CPU in float32 (bf16 autocast is far slower than float32 on CPUs without native bf16)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"use_cpu": not cuda, "bf16": cuda}
+
+
 def parse(argv: list[str] | None = None):
-    """``(ParallelSearchArguments, GRPOConfig)`` from flags and ``--config``, over this script's CPU defaults."""
+    """``(ParallelSearchArguments, GRPOConfig)`` from flags and ``--config``, over this script's defaults."""
     from trl import GRPOConfig, TrlParser
 
     parser = TrlParser((ParallelSearchArguments, GRPOConfig))
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**DEFAULTS, **device_defaults())
     args, config = parser.parse_args_and_config(args=argv)[:2]
     return args, config
 

@@ -12,10 +12,10 @@ gradient checkpointing (TRL's default recomputes every forward; a 135M model fit
 the model's own cross-entropy (``--plain_loss false`` for TRL's fused LM head, which projects only the trained
 positions but was slower on this CPU). Padding-free packing (``--packing true``) needs flash attention to pay:
 with SDPA on a CPU it attends over the whole packed row. benchmarks/sft_speed.py measures these side by side.
-LoRA on every linear layer (``--use_lora false`` for full fine-tuning); bf16 autocast only where the CPU has
-native bf16. Every field of ``SFTArguments`` and TRL's ``SFTConfig`` is a flag or a key of the ``--config``
-YAML; ``--resume_from_checkpoint`` continues a run. ``OUTPUT_DIR/final`` holds the adapter, its weights in
-bfloat16, with the tokenizer.
+LoRA on every linear layer (``--use_lora false`` for full fine-tuning); on the GPU when torch sees one, with bf16
+autocast, else on the CPU, in bf16 only where it has native bf16. Every field of ``SFTArguments`` and TRL's
+``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint`` continues a run.
+``OUTPUT_DIR/final`` holds the adapter, its weights in bfloat16, with the tokenizer.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ DEFAULTS = {
     "save_steps": 50,
     "save_total_limit": 2,
     "report_to": ["tensorboard"],
-    "use_cpu": True,
     "seed": 0,
     "dataset_num_proc": 1,
 }
@@ -103,15 +102,23 @@ def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, 
     return rows
 
 
+def device_defaults() -> dict[str, bool]:
+    """Where to train unless ``--use_cpu``/``--bf16`` say otherwise: the GPU when torch sees one, with bf16
+    autocast; else the CPU, in bf16 only where it computes it natively (AMX / AVX512-BF16): elsewhere autocast
+    falls back to a reference GEMM far slower than float32."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {"use_cpu": device == "cpu", "bf16": resolve_dtype("auto", device) == "bfloat16"}
+
+
 def parse(argv: list[str] | None = None):
-    """``(SFTArguments, SFTConfig)`` from flags and ``--config``, over this script's CPU defaults."""
+    """``(SFTArguments, SFTConfig)`` from flags and ``--config``, over this script's defaults."""
     from trl import SFTConfig, TrlParser
 
     parser = TrlParser((SFTArguments, SFTConfig))
-    # bf16 by default only where the CPU computes it natively (AMX / AVX512-BF16): elsewhere autocast falls
-    # back to a reference GEMM that is far slower than float32. Decided before parsing, as TrainingArguments
-    # derives its mixed-precision state when it is built.
-    parser.set_defaults(**DEFAULTS, bf16=resolve_dtype("auto", "cpu") == "bfloat16")
+    # Decided before parsing, as TrainingArguments derives its mixed-precision state when it is built.
+    parser.set_defaults(**DEFAULTS, **device_defaults())
     args, config = parser.parse_args_and_config(args=argv)[:2]
     return args, config
 
