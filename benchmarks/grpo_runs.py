@@ -1,5 +1,6 @@
 """Curves of GRPO runs from their logs: rewards by component, dead groups before and after dynamic sampling,
-rollout time, per optimizer step; and what splitting earned within a group, by question class.
+rollout time, per optimizer step; each run's pace (steps per hour, rollouts' share); and what splitting earned
+within a group, by question class.
 
     python benchmarks/grpo_runs.py --run grpo-parallel=runs/grpo-parallel --run grpo-sequential=runs/grpo-sequential
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -55,15 +57,44 @@ def curves(folder: Path) -> dict:
     }
 
 
+def pace(steps: list[dict]) -> dict:
+    """How fast a run trained: the median seconds per optimizer step (the first left out: it loads and warms
+    up), steps per hour at that pace, and the share of step time spent generating rollouts."""
+    timed = [s for s in steps if s["step_time_s"] is not None]
+    if not timed:
+        return {}
+    median = statistics.median(s["step_time_s"] for s in timed[1:] or timed)
+    rollout = sum(s["rollout_s"] or 0.0 for s in timed)
+    return {
+        "steps": len(timed),
+        "median_step_s": median,
+        "steps_per_hour": 3600 / median,
+        "rollout_share": rollout / sum(s["step_time_s"] for s in timed),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, help="NAME=RUN_DIR, repeatable")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "grpo_runs")
     args = parser.parse_args()
     runs = {name: curves(Path(folder)) for name, _, folder in (r.partition("=") for r in args.run)}
+    for run in runs.values():
+        run["pace"] = pace(run["steps"])
     result = {"command": "python benchmarks/grpo_runs.py " + " ".join(sys.argv[1:]), "runs": runs}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# GRPO runs, per optimizer step\n\n`{result['command']}`\n"]
+    lines += ["| run | steps | s/step (median after the first) | steps/hour | rollouts' share of step time |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for name, run in runs.items():
+        p = run["pace"]
+        cells = (
+            f"{p['steps']} | {p['median_step_s']:.0f} | {p['steps_per_hour']:.1f} | {p['rollout_share']:.0%}"
+            if p
+            else "0 | – | – | –"
+        )
+        lines.append(f"| {name} | {cells} |")
+    lines.append("")
     cols = ["step", "reward", "outcome", "decomposition", "search_count", "format", "dead_groups_before",
             "dead_groups_after", "decomposed_parallelisable", "decomposed_sequential", "rollout_s",
             "step_time_s"]  # fmt: skip
