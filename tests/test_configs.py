@@ -69,5 +69,6 @@ def test_training_scripts_parse_to_the_cpu_without_a_gpu_and_flags_override(monk
     from training.run_grpo import parse
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert parse([])[1].use_cpu is True and parse([])[1].bf16 is False
+    config = parse([])[1]
+    assert config.use_cpu is True and config.bf16 is False
     assert parse(["--use_cpu", "false", "--bf16", "false"])[1].use_cpu is False
