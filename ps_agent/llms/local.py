@@ -97,8 +97,9 @@ class TransformersPolicy:
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         width = max(len(c) for c in contexts)
-        input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
-        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        device = self.model.device  # a model moved to a GPU generates there
+        input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
+        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
         sample = self.temperature > 0
         with self._lock, torch.no_grad():
             out = self.model.generate(

@@ -11,21 +11,15 @@ import httpx
 from langchain_core.language_models import BaseChatModel, BaseLLM
 
 from ps_agent.llms.base import LLMSpecError, TextPolicy
-from ps_agent.llms.embedded import (
-    EMBEDDED_ADAPTERS,
-    EMBEDDED_BASE_SPEC,
-    embedded_model_path,
-    embedded_spec,
-    load_adapter_model,
-    policies_dir,
-)
+from ps_agent.llms.embedded import embedded_base, embedded_model_path, embedded_spec, load_adapter_model, policies_dir
 from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy
 from ps_agent.llms.local import TransformersPolicy
 from ps_agent.llms.vllm import OpenAICompletionsPolicy
 
 SPEC_FORMS = (
-    "'smollm2' (embedded SmolLM2-135M-Instruct with the trained adapter of the mode), 'smollm2-parallelsearch', "
-    "'smollm2-searchr1', 'smollm2-base' (untrained), 'hf:PATH' (local transformers model or PEFT adapter folder), "
+    "an embedded model: 'qwen0.5b' (Qwen2.5-Coder-0.5B-Instruct) or 'smollm2' (SmolLM2-135M-Instruct), each with the "
+    "trained adapter of the mode, or as NAME-parallelsearch, NAME-searchr1, NAME-base (untrained); "
+    "'hf:PATH' (local transformers model or PEFT adapter folder), "
     "'vllm:http://HOST:PORT/v1' (OpenAI-compatible server), 'provider:model' (as langchain's init_chat_model), "
     "or a LangChain BaseChatModel/BaseLLM instance"
 )
@@ -63,9 +57,10 @@ def _transformers_policy(path: Path) -> TransformersPolicy:
 
 @functools.lru_cache(maxsize=8)
 def _text_policy_from_spec(spec: str) -> TextPolicy:
-    if spec == EMBEDDED_BASE_SPEC:
-        return TransformersPolicy.from_pretrained(embedded_model_path())
-    if spec in EMBEDDED_ADAPTERS:
+    base = embedded_base(spec)
+    if base is not None and spec == f"{base.name}-base":
+        return TransformersPolicy.from_pretrained(embedded_model_path(base))
+    if base is not None:
         return TransformersPolicy(*load_adapter_model(policies_dir() / spec))
     if spec.startswith("hf:"):
         return _transformers_policy(Path(spec.removeprefix("hf:")))
