@@ -1,6 +1,6 @@
 """SFT throughput, side by side in one run: TRL's defaults against the settings run_sft.py uses.
 
-    python benchmarks/sft_speed.py [--episodes runs/gold/parallel.jsonl] [--steps 6]
+    python benchmarks/sft_speed.py [--model smollm2] [--episodes runs/gold/parallel.jsonl] [--steps 6] [--out DIR]
 
 Each setting trains a fresh LoRA adapter on the same gold episodes (same order where the sampler allows) for
 ``--steps`` optimizer steps of 4 episodes and reports episode tokens per second (prompt, observations and model
@@ -8,8 +8,10 @@ turns, padding excluded) after one warm-up step. The settings add one change at 
 - ``trl-defaults``: r = 64, random batches, gradient checkpointing and TRL's fused LM head (its defaults);
 - ``+group_by_length``: batches of episodes of similar length, so little padding;
 - ``+no-checkpointing``: no recomputed forward (a 135M model fits in memory without it);
-- ``+plain-loss`` (run_sft.py): the model's own cross-entropy instead of the fused LM head;
-- ``r16``: run_sft.py's rank 16 (the shipped adapters).
+- ``+full-loss``: the model's own cross-entropy over every position's logits instead of the fused LM head;
+- ``+trained-positions`` (run_sft.py): the LM head only at the positions trained on;
+- ``r16``: run_sft.py's rank 16 (the shipped adapters), in the precision run_sft.py picks for this machine,
+  then in float32 and under bf16 autocast (native on GPUs and on CPUs with AMX or AVX512-BF16).
 Results go to benchmarks/results/sft_speed.{json,md}.
 """
 
@@ -26,17 +28,21 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from training.precision import bf16_support  # noqa: E402
 from training.run_sft import main as run_sft  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = {
     "trl-defaults": ["--lora_r", "64", "--lora_alpha", "128", "--train_sampling_strategy", "random",
-                     "--gradient_checkpointing", "true", "--plain_loss", "false"],
+                     "--gradient_checkpointing", "true", "--loss", "trl"],
     "+group_by_length": ["--lora_r", "64", "--lora_alpha", "128", "--gradient_checkpointing", "true",
-                         "--plain_loss", "false"],
-    "+no-checkpointing": ["--lora_r", "64", "--lora_alpha", "128", "--plain_loss", "false"],
-    "+plain-loss": ["--lora_r", "64", "--lora_alpha", "128"],
+                         "--loss", "trl"],
+    "+no-checkpointing": ["--lora_r", "64", "--lora_alpha", "128", "--loss", "trl"],
+    "+full-loss": ["--lora_r", "64", "--lora_alpha", "128", "--loss", "full"],
+    "+trained-positions": ["--lora_r", "64", "--lora_alpha", "128"],
     "r16 (run_sft.py)": [],
+    "r16, float32": ["--bf16", "false"],
+    "r16, bf16 autocast": ["--bf16", "true"],
 }  # fmt: skip
 
 
@@ -56,7 +62,9 @@ class StepTimer(TrainerCallback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", default="runs/gold/parallel.jsonl")
+    parser.add_argument("--model", default="smollm2", help="an embedded base (smollm2, qwen0.5b) or a model folder")
+    parser.add_argument("--episodes", default="runs/gold/parallel.jsonl", help="gold episodes tokenized for --model")
+    parser.add_argument("--name", default="sft_speed", help="results file name under --out")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "sft-speed")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -66,7 +74,8 @@ def main() -> None:
     for name, flags in SETTINGS.items():
         timer = StepTimer()
         run_sft(
-            ["--episodes", args.episodes, "--output_dir", str(args.run_dir / name.strip("+").split()[0]),
+            ["--model_name_or_path", args.model, "--episodes", args.episodes,
+             "--output_dir", str(args.run_dir / name.strip("+").replace(",", "").replace(" ", "-")),
              "--max_steps", str(args.steps + 1), "--save_strategy", "no", "--report_to", "none", "--seed", "0",
              "--logging_steps", "1000", "--include_num_input_tokens_seen", "non_padding", *flags],
             callbacks=[timer],
@@ -77,12 +86,15 @@ def main() -> None:
                      "seconds_per_step": seconds / len(timed), "tokens_per_step": tokens / len(timed)})  # fmt: skip
         print(rows[-1], flush=True)
     base = rows[0]["tokens_per_s"]
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({bf16_support()})"
     result = {"command": "python benchmarks/sft_speed.py " + " ".join(sys.argv[1:]), "episodes": args.episodes,
-              "steps": args.steps, "rows": rows}  # fmt: skip
+              "model": args.model, "device": device, "steps": args.steps, "rows": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sft_speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        "# SFT throughput (SmolLM2-135M + LoRA, CPU, float32, batches of 4 gold episodes)",
+        f"# SFT throughput ({args.model} + LoRA on {device}, batches of 4 gold episodes)",
         "",
         f"`{result['command']}` — {args.steps} timed steps per setting after one warm-up step, same episodes.",
         "",
@@ -94,7 +106,7 @@ def main() -> None:
             f"| {r['setting']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f} | "
             f"{r['seconds_per_step']:.1f} | {r['tokens_per_step']:.0f} |"
         )
-    (args.out / "sft_speed.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

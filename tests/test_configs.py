@@ -46,21 +46,22 @@ def test_sft_configs_parse_with_trls_parser(path):
     assert Path(args.episodes).suffix == ".jsonl" and config.max_length > 0
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
 @pytest.mark.parametrize("cuda", [True, False], ids=["gpu", "cpu"])
-def test_training_scripts_train_on_the_gpu_when_torch_sees_one(monkeypatch, cuda):
+def test_training_scripts_pick_the_gpu_else_bf16_only_where_the_cpu_has_it(monkeypatch, cuda, native):
     import torch
 
-    from training import run_grpo, run_sft
+    from training import precision, run_grpo, run_sft
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)  # a stand-in answer: no GPU is touched
-    grpo, sft = run_grpo.device_defaults(), run_sft.device_defaults()
-    assert grpo["use_cpu"] is sft["use_cpu"] is (not cuda)
-    assert grpo["bf16"] is cuda  # GRPO on a CPU stays float32
-    if cuda:
-        assert sft["bf16"] is True
-    else:  # SFT on a CPU: bf16 autocast only where the CPU computes it natively
-        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-        assert run_sft.device_defaults() == {"use_cpu": True, "bf16": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)  # stand-in answers: no GPU is touched
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    expected = {"use_cpu": not cuda, "bf16": cuda or native}
+    assert precision.device_defaults() == expected
+    if cuda:  # TrainingArguments would look for the GPU this stand-in promises
+        return
+    for script in (run_sft, run_grpo):
+        config = script.parse([])[1]
+        assert (config.use_cpu, config.bf16) == (expected["use_cpu"], expected["bf16"]), script.__name__
 
 
 def test_training_scripts_parse_to_the_cpu_without_a_gpu_and_flags_override(monkeypatch):

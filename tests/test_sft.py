@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.gold import build_episodes, synthetic_questions
+from training.gold import build_episodes, sft_example, synthetic_questions
 from training.run_sft import load_examples, main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -96,3 +96,34 @@ def test_the_shipped_adapters_configs_parse(mode):
     config = Path(__file__).resolve().parents[1] / "training" / "configs" / f"sft_{mode}.yaml"
     args, sft = parse(["--config", str(config)])
     assert args.episodes == f"runs/gold/{mode}.jsonl" and args.lora_r == 16 and sft.max_length == 896
+
+
+def test_the_trained_positions_loss_equals_the_models_own_loss_and_gradient(tiny_model, episodes_file):
+    """The LM head on the labelled positions only gives the full-logits cross-entropy and the same gradients,
+    on the bare model and through a LoRA wrapper."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from training.run_sft import trained_positions_loss
+
+    _, episodes = episodes_file
+    rows = [sft_example(e) for e in episodes[:2]]
+    width = max(len(r["input_ids"]) for r in rows)
+    batch = {
+        "input_ids": torch.tensor([r["input_ids"] + [0] * (width - len(r["input_ids"])) for r in rows]),
+        "labels": torch.tensor([r["labels"] + [-100] * (width - len(r["labels"])) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows]),
+    }
+    torch.manual_seed(0)
+    for wrap in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        if wrap:
+            model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        full = model(**batch).loss
+        (full_grad,) = torch.autograd.grad(full, [p for p in model.parameters() if p.requires_grad][:1])
+        ours = trained_positions_loss(model, batch)
+        (our_grad,) = torch.autograd.grad(ours, [p for p in model.parameters() if p.requires_grad][:1])
+        assert torch.allclose(ours, full, atol=1e-5), (wrap, ours.item(), full.item())
+        assert torch.allclose(our_grad, full_grad, atol=1e-6)
+        assert trained_positions_loss(model, batch, num_items_in_batch=torch.tensor(1)) > ours  # a sum over 1 item

