@@ -18,9 +18,13 @@ from training.gold import (
     GoldQuestion,
     TeacherPolicy,
     build_episodes,
+    comparison_verdict,
     episode,
+    first_date,
     plan_from_titles,
+    quote,
     sft_example,
+    shared_questions,
     teacher_turns,
 )
 
@@ -68,6 +72,77 @@ def test_plans_follow_from_supporting_titles(rec, passages, expected):
 )
 def test_questions_without_a_derivable_plan_say_why(rec, reason):
     assert plan_from_titles(rec, {}).startswith(reason)
+
+
+def test_comparison_findings_quote_each_passages_date_when_the_question_is_about_time():
+    rec = record("comparison", "Who was born first, Ann Roe or Bo Lee?", ["Ann Roe", "Bo Lee"])
+    passages = {
+        "id-Ann Roe": '"Ann Roe"\nAnn Roe (born 14 March 1879 in Ulm) was a physicist. She moved in 1900.',
+        "id-Bo Lee": '"Bo Lee"\nBo Lee (March 3, 1856 – 1920) was a painter.',
+    }
+    rec["golden_answers"] = ["Bo Lee"]
+    plan = plan_from_titles(rec, passages)
+    assert [s["finding"] for s in plan[0]] == ["14 March 1879", "March 3, 1856"]
+    assert comparison_verdict(rec["question"], plan[0], "Bo Lee") == (
+        "Comparing them, March 3, 1856 (Bo Lee) is the earliest of 1879 and 1856."
+    )
+    q = GoldQuestion("c", rec["question"], ["Bo Lee"], "comparison", plan, "hotpotqa", "corpus.jsonl")
+    answer_turn = teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert "Ann Roe: 14 March 1879" in answer_turn and "is the earliest" in answer_turn
+    assert answer_turn.endswith("<answer> Bo Lee </answer>")
+
+
+def test_a_verdict_is_spelled_out_only_for_comparable_values_owned_by_the_answer():
+    steps = [{"sub_question": "A city population", "finding": "120000"}, {"sub_question": "B city population",
+             "finding": "95000"}]  # fmt: skip
+    question = "Which city has more inhabitants, A or B?"
+    assert comparison_verdict(question, steps, "A").endswith("120000 (A) is the largest of 120000 and 95000.")
+    assert comparison_verdict(question, steps, "B").endswith("95000 (B) is the smallest of 120000 and 95000.")
+    assert comparison_verdict("Are A and B both cities?", steps, "yes") is None  # no entity owns a yes
+    texts = [{"sub_question": "A", "finding": "A is a town founded in 1200 by monks"}, {"sub_question": "B",
+             "finding": "B is a village"}]  # fmt: skip
+    assert comparison_verdict("Which is older, A or B?", texts, "A") is None  # sentences are quoted, not compared
+
+
+def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():
+    rec = record("bridge", "Which country is the director of Blue Moon from?", ["Blue Moon (film)", "Jo Park"])
+    rec["golden_answers"] = ["Korea"]
+    passages = {
+        "id-Blue Moon (film)": '"Blue Moon (film)"\nBlue Moon is a 1999 film. It was directed by Jo Park in Seoul.',
+        "id-Jo Park": '"Jo Park"\nJo Park is a director. He was born in Korea in 1950.',
+    }
+    plan = plan_from_titles(rec, passages)
+    assert [s["finding"] for r in plan for s in r] == [
+        "It was directed by Jo Park in Seoul",
+        "He was born in Korea in 1950",
+    ]
+    assert quote('"T"\nOne. Two names Jo Park.', "Nobody") == "One"  # no sentence names it: the first
+    assert first_date('"T"\nNo dates here.') is None
+
+
+def test_gold_questions_whose_passages_are_missing_or_whose_hops_look_reversed_are_counted(tmp_path):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    rows = [
+        {"id": f"q{i}", "question": "Who directed Blue Moon?", "golden_answers": ["Jo Park"], "type": "bridge",
+         "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", ids]}
+        for i, ids in zip([1, 2, 3], ["p2", "p3", "missing"], strict=True)  # ids of the train part
+    ]  # fmt: skip
+    rows[1]["golden_answers"] = ["Seoul"]  # written in the first hop's passage only
+    corpus = [
+        {"id": "p1", "contents": '"Blue Moon"\nBlue Moon was directed by Jo Park in Seoul.'},
+        {"id": "p2", "contents": '"Jo Park"\nJo Park is a director.'},
+        {"id": "p3", "contents": '"Jo Park"\nJo Park is a film director.'},
+    ]
+    assert {split_part(r["id"]) for r in rows} == {"train"}
+    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    gold = shared_questions("set", root=tmp_path)
+    assert gold.skipped == {
+        "set: the answer is not in the last hop's passages (hop order doubtful)": 1,
+        "set: a gold passage is missing from its corpus": 1,
+    }
+    assert [q.id for q in gold.questions] == ["q1"]
 
 
 def test_the_train_and_validation_parts_are_stable_and_disjoint():

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import Completion
+from ps_agent.llms import Completion, model_path
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
 from ps_agent.questions import read_split
 from ps_agent.rewards import question_class
@@ -38,7 +38,6 @@ from ps_agent.runner import run_sync
 from ps_agent.state import Segment
 from ps_agent.synthetic import generate
 from training.rollout import token_sequences
-from training.run_grpo import model_path
 
 logger = logging.getLogger("gold")
 
@@ -120,12 +119,20 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     ``passages``: corpus text by id, to order a chain whose question names neither or both titles.
     """
     titles, ids = record.get("supporting_titles") or [], record.get("supporting_doc_ids") or []
-    qtype, question = record.get("type"), record["question"]
     if not titles or len(titles) != len(ids):
         return "no supporting titles"
     if len(set(titles)) != len(titles):
         return "repeated supporting title"
     steps = {t: {"sub_question": t, "passage_id": i, "finding": None} for t, i in zip(titles, ids, strict=True)}
+    plan = _ordered_plan(record, steps, passages or {})
+    if isinstance(plan, list) and passages:
+        add_findings(plan, record, passages)
+    return plan
+
+
+def _ordered_plan(record: dict[str, Any], steps: dict[str, dict], passages: dict[str, str]) -> list[list[dict]] | str:
+    titles, ids = record["supporting_titles"], record["supporting_doc_ids"]
+    qtype, question = record.get("type"), record["question"]
     named = [t for t in titles if _mentioned(t, question)]
     others = [t for t in titles if t not in named]
     if qtype == "comparison":
@@ -133,7 +140,7 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     if qtype in ("bridge", "compositional", "inference"):
         if len(titles) != 2:
             return f"{qtype} without two supporting titles"
-        first = _first_hop(titles, question, passages or {}, ids)
+        first = _first_hop(titles, question, passages, ids)
         if first is None:
             return "hop order not derivable (from the question or the passages)"
         return [[steps[first]], [steps[next(t for t in titles if t != first)]]]
@@ -146,6 +153,15 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     return f"no plan for type {qtype!r}"
 
 
+def _answer_in(record: dict[str, Any], passages: dict[str, str], steps: Sequence[dict[str, Any]]) -> bool:
+    """Some gold answer is written in one of ``steps``' passages (yes/no answers always pass)."""
+    answers = [_normalised(a) for a in record["golden_answers"]]
+    if any(a in ("yes", "no") for a in answers):
+        return True
+    text = " ".join(f" {_normalised(passages[s['passage_id']])} " for s in steps)
+    return any(a and f" {a} " in text for a in answers)
+
+
 def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> GoldSet:
     """The ``part`` of a shared dev file, with plans derived from supporting titles."""
     gold = GoldSet()
@@ -156,7 +172,12 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> Gol
     with (folder / "corpus.jsonl").open(encoding="utf-8") as lines:
         passages = {row["id"]: row["contents"] for row in map(json.loads, lines)}
     for record in read_split(folder / "dev.jsonl", part):
+        if any(i not in passages for i in record.get("supporting_doc_ids") or []):
+            gold.skipped[f"{name}: a gold passage is missing from its corpus"] += 1
+            continue
         plan = plan_from_titles(record, passages)
+        if isinstance(plan, list) and len(plan) > 1 and not _answer_in(record, passages, plan[-1]):
+            plan = "the answer is not in the last hop's passages (hop order doubtful)"
         if isinstance(plan, str):
             gold.skipped[f"{name}: {plan}"] += 1
             continue
@@ -167,6 +188,94 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> Gol
             )
         )  # fmt: skip
     return gold
+
+
+# --- evidence: what a gold passage says for its step ------------------------------------------------
+
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_DATE_RE = re.compile(
+    rf"\b(?:(?:{_MONTHS}) \d{{1,2}}, \d{{3,4}}|\d{{1,2}} (?:{_MONTHS}) \d{{3,4}}|(?:{_MONTHS}) \d{{3,4}}|"
+    r"(?:1[0-9]|20)\d\d)\b"
+)
+#: Comparison questions about time: the value to quote from each passage is its first date.
+_TIME_WORDS = re.compile(
+    r"\b(born|older|oldest|younger|youngest|first|earlier|earliest|later|latest|founded|established|formed|"
+    r"released|published|died|opened|created|started|began|came out|longer|newer|recent|recently|before|after)\b",
+    re.IGNORECASE,
+)
+_MAX_QUOTE_WORDS = 24
+
+
+def _body(contents: str) -> str:
+    """A corpus passage's text without its quoted title line."""
+    return contents.split("\n", 1)[1] if contents.startswith('"') and "\n" in contents else contents
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])", text) if s.strip()]
+
+
+def _clip(sentence: str, around: str | None = None) -> str:
+    """A sentence cut to ``_MAX_QUOTE_WORDS`` words, keeping ``around`` (a name or value it holds) inside."""
+    words = sentence.rstrip(".").split()
+    if len(words) <= _MAX_QUOTE_WORDS:
+        return " ".join(words)
+    start = 0
+    if around and around.lower() in sentence.lower():
+        at = len(sentence.lower().split(around.lower().split()[0])[0].split())
+        start = max(0, min(at - _MAX_QUOTE_WORDS // 2, len(words) - _MAX_QUOTE_WORDS))
+    return " ".join(words[start : start + _MAX_QUOTE_WORDS])
+
+
+def quote(contents: str, must: str | None = None) -> str:
+    """What a passage says, in one clipped sentence: the first that names ``must`` (a bridge entity or the
+    answer), else the first sentence."""
+    sentences = _sentences(_body(contents)) or [_body(contents)]
+    if must:
+        key = _normalised(must)
+        for sentence in sentences:
+            if key and f" {key} " in f" {_normalised(sentence)} ":
+                return _clip(sentence, must)
+    return _clip(sentences[0])
+
+
+def first_date(contents: str) -> str | None:
+    """The first date or year a passage states (``14 March 1879``, ``March 14, 1879``, ``1879``), or None."""
+    found = _DATE_RE.search(_body(contents))
+    return found.group(0) if found else None
+
+
+def _normalised(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
+
+
+def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[str, str]) -> None:
+    """Fill each step's ``finding`` from its gold passage, so the teacher's think turns quote what was read:
+    a hop → the sentence naming the next round's entity (the bridge); compared entities → the passage's first
+    date when the question is about time (``value_read``), else its first sentence; a last single hop → the
+    sentence naming the answer."""
+    answer = (record.get("golden_answers") or [None])[0]
+    about_time = bool(_TIME_WORDS.search(record["question"]))
+    for r, steps in enumerate(plan):
+        following = [_plain_title(s["sub_question"]) for s in plan[r + 1]] if r + 1 < len(plan) else []
+        for step in steps:
+            contents = passages.get(step["passage_id"])
+            if contents is None:
+                continue
+            if following:
+                named = [name for name in following if _mentioned(name, _body(contents))]
+                step["finding"] = quote(contents, named[0] if named else None)
+            elif len(steps) > 1:
+                date = first_date(contents) if about_time else None
+                step["finding"] = date or quote(contents)
+                step["value_read"] = date is not None
+            else:
+                step["finding"] = quote(contents, answer)
+
+
+def _plain_title(title: str) -> str:
+    """A title without its parenthesised qualifier: ``Unbreakable (film)`` → ``Unbreakable``."""
+    return re.sub(r"\s*\(.*?\)", "", title).strip() or title
 
 
 # --- the teacher's turns ------------------------------------------------------------------------
@@ -237,9 +346,50 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
         turns.append(f"<think> {think} </think>\n{render_search([s['sub_question'] for s in steps])}")
         previous = steps
     found = _found(q.plan[-1])  # the last round holds what the answer is read from
-    think = rng.choice(_ANSWER[found is not None]).format(found=found, answer=q.golden_answers[0])
-    turns.append(f"<think> {think} </think>\n{render_answer(q.golden_answers[0])}")
+    answer = q.golden_answers[0]
+    verdict = comparison_verdict(q.question, q.plan[-1], answer) if len(q.plan[-1]) > 1 else None
+    if verdict:
+        think = f"{rng.choice(_READ).format(found=found)} {verdict} So the answer is {answer}."
+    else:
+        think = rng.choice(_ANSWER[found is not None]).format(found=found, answer=answer)
+    turns.append(f"<think> {think} </think>\n{render_answer(answer)}")
     return turns
+
+
+_READ = ["I found {found}.", "The information says {found}.", "From the passages: {found}."]
+
+
+def _value(finding: str | None) -> int | None:
+    """A finding that is a bare number or date, as a number to compare (a date's year); None for text."""
+    if not finding:
+        return None
+    if re.fullmatch(r"\d[\d,]*", finding):
+        return int(finding.replace(",", ""))
+    return int(re.findall(r"\d{3,4}", finding)[-1]) if _DATE_RE.fullmatch(finding) else None
+
+
+def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """The comparison a think turn spells out before answering, when every compared value is a number or date
+    and the answer is the entity with the smallest or largest: ``1756 (Tral Vos) is the earliest of 1756, 1823
+    and 1901.`` None when the values cannot be compared that way (text findings, ties, yes/no answers)."""
+    values = [_value(s.get("finding")) for s in steps]
+    if any(v is None for v in values) or len(set(values)) < len(values):
+        return None
+    key = _normalised(answer)
+    owners = [i for i, s in enumerate(steps) if key and _normalised(s["sub_question"]).startswith(key)]
+    if len(owners) != 1:
+        return None
+    mine = values[owners[0]]
+    about_time = bool(_TIME_WORDS.search(question)) or any("year" in s["sub_question"] for s in steps)
+    if mine == min(values):
+        word = "earliest" if about_time else "smallest"
+    elif mine == max(values):
+        word = "latest" if about_time else "largest"
+    else:
+        return None
+    finding = steps[owners[0]]["finding"]
+    listed = _and([str(v) for v in values])
+    return f"Comparing them, {finding} ({answer}) is the {word} of {listed}."
 
 
 class TeacherPolicy:
@@ -410,9 +560,11 @@ def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[di
 def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter, built: int) -> dict[str, Any]:
     """What was built and kept, by source and class, and what was left out, by reason. ``built`` counts the
     episodes before any cap; ``gold_retrieved_fraction`` is the share of the episodes that ran whose every
-    gold passage was retrieved."""
+    gold passage was retrieved; ``real_comparison_values_read`` counts the compared entities of the shared sets
+    whose passage gave a date to quote."""
     planned = len(gold.questions)
     ran = built + skipped["a gold passage was not retrieved"]
+    compared = [s for q in gold.questions if q.source != "synthetic" and q.type == "comparison" for s in q.plan[0]]
     tokens = [len(e["prompt_ids"]) + len(e["completion_ids"]) for e in episodes]
     return {
         "questions_with_plan": planned,
@@ -425,6 +577,10 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "tokens": sum(tokens),
         "trained_tokens": sum(sum(e["env_mask"]) for e in episodes),
         "max_tokens": max(tokens, default=0),
+        "real_comparison_values_read": {  # a date quoted from the passage, not a sentence (see add_findings)
+            "read": sum(bool(s.get("value_read")) for s in compared),
+            "entities": len(compared),
+        },
         "skipped_without_plan": dict(gold.skipped),
         "skipped_episodes": dict(skipped),
     }

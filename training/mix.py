@@ -45,14 +45,13 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.graph import AgentError
-from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
+from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model, model_path
 from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
 from ps_agent.questions import read_jsonl
 from ps_agent.rewards import QUESTION_CLASSES, forced, question_class
 from training.gold import SHARED_SETS, TRAIN_SEEDS, gold_questions
 from training.rollout import RolloutSettings, run_agents
-from training.run_grpo import model_path
 
 logger = logging.getLogger("mix")
 
