@@ -1,0 +1,219 @@
+"""Shipped and candidate policies on every validation question: one table that can tell them apart.
+
+    python benchmarks/policy_table.py \
+        --policy qwen-sft=qwen0.5b-parallelsearch:parallel --policy qwen-searchr1=qwen0.5b-searchr1:sequential \
+        --policy smollm2-sft=smollm2-parallelsearch:parallel --policy qwen-base=qwen0.5b-base:parallel \
+        --ours qwen-sft --baseline qwen-searchr1 [--device cuda] [--nq 200]
+
+Each ``--policy NAME=SPEC:MODE`` is an LLM spec (an embedded ``NAME-base`` / ``-parallelsearch`` / ``-searchr1``,
+or ``hf:PATH``) and the mode it runs in, greedy, in process, on ``--device`` (default: the GPU when torch sees one,
+in bfloat16; else the CPU in float32), the concurrent questions' turns batched. Sets: every validation-part
+question of HotpotQA, 2Wiki and MuSiQue (each in its own corpus), of Bamboogle and a seeded ``--nq`` sample of NQ
+(no corpus of their own: the embedded Wikipedia summaries), and the held-out synthetic world
+(``learning.HELD_OUT_SEED``). Never a train part. Writes ``OUT.md``/``OUT.json``: per policy, dataset and question
+class, EM with a 95% bootstrap interval, F1, the split share, the share searched in two or more rounds, LLM calls
+and seconds per question; then ``paper_table.py``'s Table 3/2 layouts (``OUT_paper.*``) with the paired
+bootstrap of ``--ours`` against ``--baseline``. Eval folders (resumable) go to ``--run-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import paper_table  # noqa: E402
+from learning import HELD_OUT_SEED, SHARED  # noqa: E402
+
+from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
+from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
+from ps_agent.metrics import mean  # noqa: E402
+from ps_agent.questions import read_split  # noqa: E402
+from ps_agent.rewards import question_class  # noqa: E402
+from ps_agent.synthetic import generate  # noqa: E402
+from ps_agent.trajectories import read_records  # noqa: E402
+
+WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
+EMBEDDED_CORPUS = ("bamboogle", "nq")
+
+
+def validation_sets(
+    out: Path, nq: int, classes: set[str] | None = None, names: set[str] | None = None, seed: int = 0
+) -> dict[str, Path]:
+    """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
+    held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
+    given."""
+    sets = {}
+    _, sets["synthetic"] = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
+    shared = {name: SHARED / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
+    for name, dev in {"synthetic": sets.pop("synthetic"), **shared}.items():
+        folder = dev.parent
+        if names is not None and name not in names:
+            continue
+        if not dev.is_file():
+            print(f"skipping {name}: {dev} is absent")
+            continue
+        records = [json.loads(line) for line in dev.read_text().splitlines()]
+        records = records if name == "synthetic" else read_split(dev, "validation")
+        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
+        if not records:
+            continue
+        if name == "nq" and nq < len(records):
+            records = random.Random(seed).sample(records, nq)
+        (out / name).mkdir(parents=True, exist_ok=True)
+        path = out / name / "questions.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        corpus = out / name / "corpus.jsonl"
+        if (folder / "corpus.jsonl").is_file() and not corpus.exists():
+            corpus.symlink_to((folder / "corpus.jsonl").resolve())
+        sets[name] = path
+    return sets
+
+
+def parse_policy(text: str) -> tuple[str, str, str]:
+    """``NAME=SPEC:MODE``."""
+    name, _, rest = text.partition("=")
+    spec, _, mode = rest.rpartition(":")
+    if not name or not spec or mode not in ("parallel", "sequential"):
+        raise SystemExit(f"--policy {text!r}: expected NAME=SPEC:MODE, MODE parallel or sequential")
+    return name, spec, mode
+
+
+def weight_files(spec: str) -> list[Path]:
+    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
+    base = embedded_base(spec)
+    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
+    names = ("model.safetensors", "adapter_model.safetensors")
+    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
+
+
+def load_policy(spec: str, mode: str, device: str, concurrency: int):
+    """The spec's in-process policy on ``device`` (bfloat16 on a GPU), batching the concurrent turns."""
+    import torch
+
+    policy = resolve_text_policy(spec, mode)
+    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    policy.expected = concurrency
+    policy.batch_window_s = 0.5
+    return policy
+
+
+def em_interval(values: list[float], bootstrap: int, rng: np.random.Generator) -> tuple[float, float]:
+    """95% percentile bootstrap interval of a mean, in percent."""
+    data = np.asarray(values, dtype=float)
+    means = data[rng.integers(0, len(data), size=(bootstrap, len(data)))].mean(axis=1)
+    return 100 * float(np.percentile(means, 2.5)), 100 * float(np.percentile(means, 97.5))
+
+
+def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.random.Generator) -> list[dict]:
+    """Per dataset and question class (and ``all``), the policy's numbers."""
+    out = []
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], "all"), []).append(r)
+        groups.setdefault((r["dataset"], r["question_class"]), []).append(r)
+    for (dataset, cls), group in sorted(groups.items()):
+        em = [float(r["em"]) for r in group]
+        low, high = em_interval(em, bootstrap, rng)
+        out.append({
+            "policy": name, "dataset": dataset, "class": cls, "n": len(group),
+            "em": 100 * mean(em), "em_low": low, "em_high": high,
+            "f1": 100 * mean([r["f1"] for r in group]),
+            "split": 100 * mean([float(r["decomposed"]) for r in group]),
+            "two_rounds": 100 * mean([float(r["search_rounds"] >= 2) for r in group]),
+            "llm_calls": mean([float(r["llm_calls"]) for r in group]),
+            "seconds": mean([r["latency_s"] for r in group]),
+            "format_valid": 100 * mean([float(r["format_valid"]) for r in group]),
+            "forced": 100 * mean([float(r["forced_answer"]) for r in group]),
+        })  # fmt: skip
+    return out
+
+
+def markdown(table: list[dict], command: str, runs: dict[str, str]) -> str:
+    head = (
+        "| policy | set | class | n | EM % [95% CI] | F1 % | split % | ≥2 rounds % | LLM calls | s/question "
+        "| format % | forced % |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['policy']} | {r['dataset']} | {r['class']} | {r['n']} | {r['em']:.1f} [{r['em_low']:.1f}, "
+        f"{r['em_high']:.1f}] | {r['f1']:.1f} | {r['split']:.0f} | {r['two_rounds']:.0f} | {r['llm_calls']:.2f} "
+        f"| {r['seconds']:.1f} ({r['device']}) | {r['format_valid']:.0f} | {r['forced']:.0f} |"
+        for r in table
+    ]
+    note = "Seconds per question are comparable only between rows run on the same device (in brackets)."
+    made = "".join(f"- {name}: `{how}`\n" for name, how in runs.items())
+    return f"`{command}`\n\nEach policy's evaluation, as its eval folder records it:\n\n{made}\n{note}\n\n{head}" + (
+        "\n".join(lines) + "\n"
+    )
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC:MODE, repeatable")
+    parser.add_argument("--ours", help="compared question by question against --baseline in OUT_paper")
+    parser.add_argument("--baseline")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--concurrency", type=int, default=None, help="questions at once (default 96 GPU, 16 CPU)")
+    parser.add_argument("--nq", type=int, default=200, help="NQ validation questions (a seeded sample)")
+    parser.add_argument("--limit", type=int, default=None, help="questions per set (a quick look)")
+    parser.add_argument("--classes", help="only these question classes, e.g. parallelisable,hybrid")
+    parser.add_argument("--sets", help="only these sets, e.g. hotpotqa,2wikimultihopqa (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--bootstrap", type=int, default=2000)
+    parser.add_argument("--tables-only", action="store_true", help="no evaluation: tables of the runs in --run-dir")
+    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "policy-table")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "policy_table")
+    args = parser.parse_args()
+    concurrency = args.concurrency or (96 if args.device.startswith("cuda") else 16)
+    policies = [parse_policy(p) for p in args.policy]
+    started = time.time()
+    classes = set(args.classes.split(",")) if args.classes else None
+    names = set(args.sets.split(",")) if args.sets else None
+    folder = args.run_dir / ("sets" if classes is None else f"sets-{'-'.join(sorted(classes))}")
+    sets = {} if args.tables_only else validation_sets(folder, args.nq, classes, names)
+    runs, table, made = [], [], {}
+    rng = np.random.default_rng(0)
+    for name, spec, mode in policies:
+        if not args.tables_only:
+            evaluate(list(sets.values()), args.run_dir / name, EvalSettings(
+                llm=load_policy(spec, mode, args.device, concurrency),
+                retriever="auto",
+                modes=(mode,),
+                concurrency=concurrency,
+                limit=args.limit,
+                agent={"max_new_tokens": args.max_new_tokens},
+                weights=weight_files(spec),
+            ))  # fmt: skip
+            (args.run_dir / name / "device.txt").write_text(args.device)
+        records = [r for r in read_results(args.run_dir / name) if r["mode"] == mode and r["error"] is None]
+        script, _, flags = read_records([args.run_dir / name / "runs.jsonl"])[-1]["command"].partition(" ")
+        made[name] = f"python benchmarks/{Path(script).name} {flags}"
+        device = (
+            (args.run_dir / name / "device.txt").read_text() if (args.run_dir / name / "device.txt").is_file() else "?"
+        )
+        table += [row | {"device": device} for row in rows(name, records, args.bootstrap, rng)]
+        runs += ["--run", f"{name}={args.run_dir / name}:{mode}"]
+        print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
+    command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": table}, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(table, command, made))
+    comparison = ["--ours", args.ours, "--baseline", args.baseline] if args.ours and args.baseline else []
+    paper = args.out.with_name(args.out.name + "_paper")
+    paper_table.main([*runs, *comparison, "--bootstrap", str(args.bootstrap), "--out", str(paper)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""benchmarks/policy_table.py: per policy, set and class, EM with a bootstrap interval, the split share, the share
+searched in two or more rounds, and a markdown row per group that names the device its seconds were measured on."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "policy_table", Path(__file__).parents[1] / "benchmarks" / "policy_table.py"
+)
+policy_table = sys.modules["policy_table"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(policy_table)
+
+
+def result(em, rounds, decomposed, cls, dataset="hotpotqa"):
+    return {
+        "dataset": dataset, "question_class": cls, "em": em, "f1": em, "decomposed": decomposed,
+        "search_rounds": rounds, "llm_calls": rounds + 1, "latency_s": 3.0, "format_valid": True,
+        "forced_answer": False,
+    }  # fmt: skip
+
+
+def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
+    records = [
+        result(1.0, 1, True, "parallelisable"),
+        result(0.0, 1, True, "parallelisable"),
+        result(1.0, 2, False, "sequential"),
+        result(0.0, 1, False, "sequential"),
+    ]
+    rows = {(r["dataset"], r["class"]): r for r in policy_table.rows("p", records, 200, np.random.default_rng(0))}
+    assert set(rows) == {("hotpotqa", "all"), ("hotpotqa", "parallelisable"), ("hotpotqa", "sequential")}
+    par, seq, everything = rows["hotpotqa", "parallelisable"], rows["hotpotqa", "sequential"], rows["hotpotqa", "all"]
+    assert (par["n"], par["em"], par["split"], par["two_rounds"]) == (2, 50.0, 100.0, 0.0)
+    assert (seq["split"], seq["two_rounds"], seq["llm_calls"]) == (0.0, 50.0, 2.5)
+    assert everything["n"] == 4 and 0.0 <= everything["em_low"] <= 50.0 <= everything["em_high"] <= 100.0
+    page = policy_table.markdown(
+        [par | {"device": "cuda (H100)"}], "cmd", {"p": "policy_table.py --policy p=x:parallel"}
+    )
+    assert "- p: `policy_table.py --policy p=x:parallel`" in page
+    line = page.splitlines()[-1]
+    assert line.startswith("| p | hotpotqa | parallelisable | 2 | 50.0 [") and "3.0 (cuda (H100))" in line
+
+
+@pytest.mark.parametrize("bad", ["noequals", "x=qwen0.5b-parallelsearch", "x=spec:fast"])
+def test_a_bad_policy_argument_says_what_was_expected(bad):
+    with pytest.raises(SystemExit, match="expected NAME=SPEC:MODE"):
+        policy_table.parse_policy(bad)
