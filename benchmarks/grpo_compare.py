@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")
     args = parser.parse_args()
     policies = [parse_policy(p) for p in args.policy]
-    base = embedded_model_path()
+    base = embedded_model_path("smollm2")
     for name, adapter, _ in policies:  # before the server starts: a folder answered by other weights is refused
         try:
             sums = model_checksums(EvalSettings(llm=None, weights=served_weights(base, adapter)))

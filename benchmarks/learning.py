@@ -92,9 +92,9 @@ def policy_for(name: str, mode: str, concurrency: int) -> TransformersPolicy:
     if name == "trained":
         from ps_agent.llms import policies_dir
 
-        policy = TransformersPolicy(*load_adapter_model(policies_dir() / embedded_spec(None, mode)))
+        policy = TransformersPolicy(*load_adapter_model(policies_dir() / embedded_spec("smollm2", mode)))
     else:
-        policy = TransformersPolicy.from_pretrained(embedded_model_path())
+        policy = TransformersPolicy.from_pretrained(embedded_model_path("smollm2"))
     policy.expected = concurrency  # gather the concurrent questions' turns into one batch
     policy.batch_window_s = 0.5
     return policy

@@ -936,7 +936,7 @@ TINY_MODEL_CHILD = """
 import sys
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from ps_agent.llms import embedded_model_path
-tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+tokenizer = AutoTokenizer.from_pretrained(embedded_model_path("smollm2"))
 config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                      tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)

@@ -77,7 +77,7 @@ def main() -> None:
             ["--model_name_or_path", args.model, "--episodes", args.episodes,
              "--output_dir", str(args.run_dir / name.strip("+").replace(",", "").replace(" ", "-")),
              "--max_steps", str(args.steps + 1), "--save_strategy", "no", "--report_to", "none", "--seed", "0",
-             "--logging_steps", "1000", "--include_num_input_tokens_seen", "non_padding", *flags],
+             "--logging_steps", "1000", "--include_num_input_tokens_seen", "true", *flags],
             callbacks=[timer],
         )  # fmt: skip
         timed = timer.steps[1:]  # the first step warms up

@@ -25,8 +25,9 @@ class _Question(BaseModel):
 class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     """A ParallelSearch agent: ``{"question": ...}`` → ``{"answer", "trajectory", "stats"}``.
 
-    ``llm``: a LangChain chat model or LLM, or a spec string (``"smollm2"``, ``"hf:PATH"``,
-    ``"vllm:http://HOST:PORT/v1"``, ``"provider:model"``); None is the embedded SmolLM2.
+    ``llm``: a LangChain chat model or LLM, or a spec string (``"qwen0.5b"``, ``"smollm2"``, ``"hf:PATH"``,
+    ``"vllm:http://HOST:PORT/v1"``, ``"provider:model"``); None is the embedded default policy of the mode
+    (Qwen2.5-Coder-0.5B-Instruct with its shipped adapter; ``ps-agent policies`` lists them).
     ``retriever``: any ``Retriever``, a LangChain ``BaseRetriever``/``VectorStore``, or a corpus
     jsonl path; None is BM25 over the embedded Wikipedia summaries.
     Other keyword arguments are ``AgentConfig`` fields (``mode``, ``protocol``, ``max_turns``, …).

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ps_agent.display import console, errors, plain, print_rollouts, print_trace
 from ps_agent.graph import AgentError
+from ps_agent.llms import EMBEDDED_MODEL
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
 
@@ -32,8 +33,8 @@ def user_errors() -> Iterator[None]:
 
 
 LLM_HELP = (
-    "LLM spec: smollm2 (the trained policy of the mode), smollm2-base (untrained), hf:PATH (model or adapter), "
-    "vllm:URL or provider:model."
+    "LLM spec: qwen0.5b or smollm2 (that embedded base's trained policy of the mode; ps-agent policies lists them), "
+    "qwen0.5b-base or smollm2-base (untrained), hf:PATH (model or adapter), vllm:URL or provider:model."
 )
 
 
@@ -50,7 +51,7 @@ def ask(
     llm: Annotated[
         str,
         typer.Option(help=LLM_HELP),
-    ] = "smollm2",
+    ] = EMBEDDED_MODEL,
     corpus: Annotated[
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
@@ -106,7 +107,7 @@ def eval_command(
     llm: Annotated[
         str,
         typer.Option(help=LLM_HELP),
-    ] = "smollm2",
+    ] = EMBEDDED_MODEL,
     mode: Annotated[
         Literal["parallel", "sequential", "both"], typer.Option(help="parallel, sequential or both.")
     ] = "both",
@@ -285,6 +286,26 @@ def report(
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     if open_page:
         webbrowser.open(path.resolve().as_uri())
+
+
+@app.command()
+def policies(as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False) -> None:
+    """List the shipped policies: base, mode, training stage, whether each is the default, and its headline numbers."""
+    from rich.table import Table
+
+    from ps_agent.llms import shipped_policies
+
+    rows = shipped_policies()
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table("name", "base", "mode", "stage", "default", "headline (model card)")
+    for row in rows:
+        headline = ", ".join(f"{k} {v}" for k, v in row["headline"].items())
+        table.add_row(
+            row["name"], row["base"], row["mode"], row["stage"] or "?", "yes" if row["default"] else "", headline
+        )
+    console.print(table)
 
 
 trajectories = typer.Typer(help="Inspect the trajectory logs of a training run.")

@@ -58,7 +58,9 @@ class AgentConfig:
     )
     llm: Any = field(
         default=None,
-        metadata={"description": "an LLM spec: smollm2 (default), smollm2-base, hf:PATH, vllm:URL, provider:model"},
+        metadata={
+            "description": "an LLM spec: qwen0.5b (default), smollm2, NAME-base, hf:PATH, vllm:URL, provider:model"
+        },
     )
     corpus: Any = field(
         default=None,

@@ -26,7 +26,7 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import embedded_spec, policies_dir
+from ps_agent.llms import EMBEDDED_MODEL, embedded_spec, policies_dir
 from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
 from ps_agent.questions import read_jsonl
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
@@ -46,7 +46,7 @@ MODES = ("parallel", "sequential")
 class EvalSettings:
     """One evaluation: which model and corpus, which modes, how many questions at once."""
 
-    llm: Any = "smollm2"
+    llm: Any = EMBEDDED_MODEL
     retriever: Any = None
     modes: Sequence[str] = ("parallel", "sequential")
     concurrency: int = 4

@@ -17,7 +17,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_ask_json_on_embedded_defaults(smollm2_path):
+def test_ask_json_on_embedded_defaults(qwen_path):
     result = run("ask", "Which is older, the Eiffel Tower or the Statue of Liberty?", "--json", "--max-turns", "1")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
@@ -29,7 +29,9 @@ def test_ask_json_on_embedded_defaults(smollm2_path):
 def test_ask_prints_a_trace(smollm2_path, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "1", "contents": '"Eiffel Tower"\nCompleted in 1889 in Paris.'}) + "\n")
-    result = run("ask", "When was the Eiffel Tower completed?", "--corpus", str(corpus), "--max-turns", "1")
+    result = run(
+        "ask", "When was the Eiffel Tower completed?", "--corpus", str(corpus), "--max-turns", "1", "--llm", "smollm2"
+    )
     assert result.returncode == 0, result.stderr
     assert "question" in result.stdout and "answer" in result.stdout and "LLM calls" in result.stdout
 

@@ -1,5 +1,5 @@
-"""End to end: the real SmolLM2-135M-Instruct over the real embedded corpus (BM25), over a dense index
-served by the real retrieval server, and over vLLM."""
+"""End to end: the real default policy (Qwen2.5-Coder-0.5B with its shipped adapter) and SmolLM2-135M over the
+real embedded corpus (BM25), over a dense index served by the real retrieval server, and over vLLM."""
 
 import json
 import sys
@@ -41,7 +41,7 @@ def check_consistent(out: dict, max_turns: int) -> None:
     assert trajectory["response"].count("<information>") == len(rounds)
 
 
-def test_embedded_defaults_answer_real_questions(smollm2_path):
+def test_embedded_defaults_answer_real_questions(qwen_path):
     agent = ParallelSearchAgent(max_turns=2, max_new_tokens=96)
     outs = agent.batch(QUESTIONS, config={"max_concurrency": 1})
     for question, out in zip(QUESTIONS, outs, strict=True):
@@ -49,7 +49,7 @@ def test_embedded_defaults_answer_real_questions(smollm2_path):
         check_consistent(out, max_turns=2)
 
 
-def test_sequential_mode_on_the_embedded_defaults(smollm2_path):
+def test_sequential_mode_on_the_embedded_defaults(qwen_path):
     out = ParallelSearchAgent(mode="sequential", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
     check_consistent(out, max_turns=2)
     assert all(len(r["searched"]) == 1 for r in out["trajectory"]["search_rounds"])
@@ -63,7 +63,7 @@ def test_embedded_model_through_a_dense_index_server(smollm2_path, tmp_path):
     port = free_port()
     command = [str(Path(sys.executable).parent / "ps-agent"), "serve-retriever", "--index", str(tmp_path / "index")]
     with served([*command, "--port", str(port)], f"http://127.0.0.1:{port}/health", tmp_path / "server.log"):
-        agent = ParallelSearchAgent(retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96)
+        agent = ParallelSearchAgent(llm="smollm2", retriever=f"http://127.0.0.1:{port}", max_turns=2, max_new_tokens=96)
         out = agent.invoke(QUESTIONS[1])  # the trained default policy searches before it answers
     check_consistent(out, max_turns=2)
     ids = {p.id for p in passages}

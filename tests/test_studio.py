@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_langgraph_dev_serves_the_graph(smollm2_path, tmp_path):
+def test_langgraph_dev_serves_the_graph(qwen_path, tmp_path):
     from langgraph_sdk import get_client
 
     langgraph = shutil.which("langgraph", path=str(Path(sys.executable).parent))

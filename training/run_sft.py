@@ -114,6 +114,8 @@ def parse(argv: list[str] | None = None):
     # Decided before parsing, as TrainingArguments derives its mixed-precision state when it is built.
     parser.set_defaults(**DEFAULTS, **device_defaults())
     args, config = parser.parse_args_and_config(args=argv)[:2]
+    if config.include_num_input_tokens_seen == "all":  # its parser takes only a bool: count episode tokens, not padding
+        config.include_num_input_tokens_seen = "non_padding"
     return args, config
 
 
