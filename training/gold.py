@@ -7,8 +7,10 @@ The teacher is a ``TextPolicy`` like any other: the graph renders the prompt, pa
 the real retriever and renders the observations, and ``training.rollout.token_sequences`` turns the
 trajectory into prompt ids, completion ids and the environment mask — so a gold episode and an RL rollout
 of the same text are the same tokens. Plans come from the synthetic worlds (every family) and from the
-train parts of the shared HotpotQA, 2Wiki and MuSiQue files (derived from ``supporting_titles``). An episode
-is kept only when every gold passage was actually retrieved; every question left out is counted by reason.
+train parts of the shared HotpotQA, 2Wiki and MuSiQue files (derived from ``supporting_titles``). The teacher's
+think turns quote what each step's passage says (``add_findings``) and spell out a comparison of numbers or dates
+(``comparison_verdict``), so the policy learns to answer from what it read. An episode is kept only when every
+gold passage was actually retrieved; every question left out is counted by reason.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     comparison: one round searching both entities; bridge / compositional / inference: the entity the
     question names (or whose passage names the other), then the other; bridge_comparison: both named
     entities, then the two others; MuSiQue's nhop: its titles in hop order, one per round.
-    ``passages``: corpus text by id, to order a chain whose question names neither or both titles.
+    ``passages``: corpus text by id, to order a chain whose question names neither or both titles, and to fill each
+    step's ``finding`` with what its passage says (``add_findings``).
     """
     titles, ids = record.get("supporting_titles") or [], record.get("supporting_doc_ids") or []
     if not titles or len(titles) != len(ids):
