@@ -10,8 +10,9 @@ turns, padding excluded) after one warm-up step. The settings add one change at 
 - ``+no-checkpointing``: no recomputed forward (a 135M model fits in memory without it);
 - ``+full-loss``: the model's own cross-entropy over every position's logits instead of the fused LM head;
 - ``+trained-positions`` (run_sft.py): the LM head only at the positions trained on;
-- ``r16``: run_sft.py's rank 16 (the shipped adapters), in the precision run_sft.py picks for this machine,
-  then in float32 and under bf16 autocast (native on GPUs and on CPUs with AMX or AVX512-BF16).
+- ``r16``: run_sft.py's rank 16 (the shipped adapters), in the precision run_sft.py picks for this machine, then in
+  the other one (float32 where bf16 autocast is the pick, bf16 autocast where float32 is: slow unless native).
+Each row is written as soon as it is measured, so a run cut short keeps what it measured.
 Results go to benchmarks/results/sft_speed.{json,md}.
 """
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from training.precision import bf16_support  # noqa: E402
+from training.precision import bf16_support, device_defaults  # noqa: E402
 from training.run_sft import main as run_sft  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,8 +42,6 @@ SETTINGS = {
     "+full-loss": ["--lora_r", "64", "--lora_alpha", "128", "--loss", "full"],
     "+trained-positions": ["--lora_r", "64", "--lora_alpha", "128"],
     "r16 (run_sft.py)": [],
-    "r16, float32": ["--bf16", "false"],
-    "r16, bf16 autocast": ["--bf16", "true"],
 }  # fmt: skip
 
 
@@ -70,8 +69,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    other = (
+        ("r16, float32", ["--bf16", "false"])
+        if device_defaults()["bf16"]
+        else ("r16, bf16 autocast", ["--bf16", "true"])
+    )
     rows = []
-    for name, flags in SETTINGS.items():
+    for name, flags in [*SETTINGS.items(), other]:
         timer = StepTimer()
         run_sft(
             ["--model_name_or_path", args.model, "--episodes", args.episodes,
@@ -85,9 +89,14 @@ def main() -> None:
         rows.append({"setting": name, "flags": flags, "tokens_per_s": tokens / seconds,
                      "seconds_per_step": seconds / len(timed), "tokens_per_step": tokens / len(timed)})  # fmt: skip
         print(rows[-1], flush=True)
-    base = rows[0]["tokens_per_s"]
+        write(rows, args)
+
+
+def write(rows: list[dict], args: argparse.Namespace) -> None:
+    """The results so far: ``NAME.json`` and ``NAME.md`` under ``--out``."""
     import torch
 
+    base = rows[0]["tokens_per_s"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({bf16_support()})"
     result = {"command": "python benchmarks/sft_speed.py " + " ".join(sys.argv[1:]), "episodes": args.episodes,
               "model": args.model, "device": device, "steps": args.steps, "rows": rows}  # fmt: skip
@@ -107,7 +116,7 @@ def main() -> None:
             f"{r['seconds_per_step']:.1f} | {r['tokens_per_step']:.0f} |"
         )
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
