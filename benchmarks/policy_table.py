@@ -53,10 +53,10 @@ def validation_sets(
     """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
     held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
     given."""
-    sets = {}
-    _, sets["synthetic"] = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
+    _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
     shared = {name: SHARED / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
-    for name, dev in {"synthetic": sets.pop("synthetic"), **shared}.items():
+    sets = {}
+    for name, dev in {"synthetic": world, **shared}.items():
         folder = dev.parent
         if names is not None and name not in names:
             continue

@@ -1,6 +1,6 @@
 """Where and in what precision training runs: on the GPU when torch sees one, under bf16 autocast; else on the
-CPU, under bf16 autocast only where the CPU computes bf16 natively (Intel AMX or AVX512-BF16), since elsewhere
-autocast falls back to a reference GEMM far slower than float32. Said once in the log; ``--use_cpu`` and
+CPU, under bf16 autocast only where the CPU computes bf16 natively (Intel AMX or AVX512-BF16): elsewhere it gains
+nothing (1.03x float32 on an AVX2 CPU, benchmarks/results/sft_speed.md). Said once in the log; ``--use_cpu`` and
 ``--bf16`` override (benchmarks/sft_speed.py measures both precisions side by side)."""
 
 from __future__ import annotations
@@ -9,19 +9,11 @@ import functools
 import logging
 from pathlib import Path
 
+from ps_agent.devices import cpu_bf16_native
+
 logger = logging.getLogger(__name__)
 
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def cpu_bf16_native() -> bool:
-    """The CPU computes bf16 matrix products natively: oneDNN's own capability query."""
-    import torch
-
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def bf16_support() -> str:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ps_agent.devices import cpu_bf16_native
+
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", MINILM.lower(), "embedded"}
 _LOCK = threading.Lock()
@@ -96,11 +98,8 @@ def resolve_dtype(dtype: str, device: str | None) -> str:
         return dtype
     if (device or "cuda").startswith("cuda") and torch.cuda.is_available():
         return "bfloat16"
-    if (device or "cpu") == "cpu" and torch.backends.mkldnn.is_available():
-        try:
-            return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
-        except (AttributeError, RuntimeError):
-            return "float32"
+    if (device or "cpu") == "cpu" and cpu_bf16_native():
+        return "bfloat16"
     return "float32"
 
 
