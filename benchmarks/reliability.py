@@ -232,7 +232,7 @@ async def malformed_runs(protocol: str, mode: str, turns: list[tuple[str, str]],
                          timeout_s: float) -> Case:  # fmt: skip
     """Every turn once through the real graph, ``MAX_TURNS + 1`` scripted turns per run."""
     rng = random.Random(f"{seed}-{protocol}-{mode}")
-    agent = ParallelSearchAgent(retriever=SleepyRetriever(0.0), protocol=protocol, mode=mode, max_turns=MAX_TURNS)
+    settings = {"retriever": SleepyRetriever(0.0), "protocol": protocol, "mode": mode, "max_turns": MAX_TURNS}
     per_run = MAX_TURNS + 1
     scripts = [turns[i : i + per_run] for i in range(0, len(turns), per_run)]
     gate = asyncio.Semaphore(gate_size)
@@ -256,8 +256,8 @@ async def malformed_runs(protocol: str, mode: str, turns: list[tuple[str, str]],
         async with gate:
             start = time.perf_counter()
             try:
-                out = await asyncio.wait_for(agent.ainvoke({"question": question}, {"configurable": {"llm": llm}}),
-                                             timeout_s)  # fmt: skip
+                agent = ParallelSearchAgent(llm=llm, **settings)  # one retriever for all: a model per run
+                out = await asyncio.wait_for(agent.ainvoke({"question": question}), timeout_s)
                 outcome["ok"] += 1
                 if not isinstance(out.get("answer"), str) or "trajectory" not in out:
                     crashes.append(f"case {i}: output without answer/trajectory: {sorted(out)}")
@@ -492,11 +492,8 @@ def fault_plan(questions: int, faults: list[str], rate: float, seed: int, per_qu
 async def fault_runs(name: str, retriever: Any, plan: list[list[str]], gate_size: int) -> Case:
     """Each question searches its sub-queries (one round in parallel mode), then answers; check the record."""
     gate = asyncio.Semaphore(gate_size)
-    agents = {
-        protocol: ParallelSearchAgent(retriever=retriever, protocol=protocol, search_timeout_s=TIMEOUT_S,
-                                      search_retries=2, search_backoff_s=0.02, max_turns=MAX_TURNS)
-        for protocol in ("tags", "tools")
-    }  # fmt: skip
+    settings = {"retriever": retriever, "search_timeout_s": TIMEOUT_S, "search_retries": 2, "search_backoff_s": 0.02,
+                "max_turns": MAX_TURNS}  # fmt: skip
     tally: Counter = Counter()
     problems: list[str] = []
     by_kind: dict[str, Counter] = {}
@@ -513,8 +510,8 @@ async def fault_runs(name: str, retriever: Any, plan: list[list[str]], gate_size
         async with gate:
             start = time.perf_counter()
             try:
-                config = {"configurable": {"llm": llm}}
-                out = await asyncio.wait_for(agents[protocol].ainvoke({"question": f"q{i}"}, config), 60)
+                agent = ParallelSearchAgent(llm=llm, protocol=protocol, **settings)  # a model per run
+                out = await asyncio.wait_for(agent.ainvoke({"question": f"q{i}"}), 60)
             except Exception as exc:
                 tally["incomplete"] += 1
                 problems.append(f"question {i} ({protocol}): {type(exc).__name__}: {str(exc)[:300]}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -11,9 +11,11 @@ from langchain_core.runnables.config import merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
+from ps_agent.configuration import RESOURCES
 from ps_agent.context import Context
 from ps_agent.graph import graph_for
 from ps_agent.runner import run_sync
+from ps_agent.serving import Choices
 
 
 class _Question(BaseModel):
@@ -31,16 +33,28 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     ``retriever``: any ``Retriever``, a LangChain ``BaseRetriever``/``VectorStore``, or a corpus
     jsonl path; None is BM25 over the embedded Wikipedia summaries.
     Other keyword arguments are ``AgentConfig`` fields (``mode``, ``protocol``, ``max_turns``, …).
+
+    A run's ``config["configurable"]`` sets any of those fields within its bounds. It picks ``llm`` and ``corpus``
+    only by name from ``choices`` (a ``Choices``: name → spec or object; default: the operator's environment,
+    ``PS_AGENT_ALLOWED_LLMS``/``PS_AGENT_ALLOWED_CORPORA``, else the embedded ones), never as a free-form spec.
     """
 
-    def __init__(self, llm: Any = None, retriever: Any = None, **config: Any) -> None:
+    def __init__(
+        self, llm: Any = None, retriever: Any = None, *, choices: Choices | None = None, **config: Any
+    ) -> None:
         self.context = Context(**{"llm": llm, "corpus": retriever} | config)
+        self.choices = choices if choices is not None else Choices.from_env()
         #: the compiled graph with this agent's context and run limits bound: it runs alone or as a subgraph
         self.graph: Runnable[dict[str, Any], dict[str, Any]] = graph_for(self.context)
 
     def _run(self, config: RunnableConfig | None) -> tuple[RunnableConfig, Context]:
-        """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied."""
+        """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied and its
+        ``llm``/``corpus`` names looked up in ``choices``."""
         context = self.context.with_overrides(config)
+        configurable = (config or {}).get("configurable", {})
+        picked = {kind: self.choices.pick(kind, configurable[kind]) for kind in RESOURCES if kind in configurable}
+        if picked:
+            context = replace(context, **picked)
         return merge_configs(context.limits, config), context
 
     @staticmethod

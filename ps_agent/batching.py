@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,14 +25,17 @@ class _Waiting(Generic[T, R]):
     item: T
     future: asyncio.Future[R]
     since: float
+    caller: int = 0  # which submit() call: a batch takes the callers' items in turn
 
 
 class MicroBatcher(Generic[T, R]):
     """Runs the items submitted concurrently on one event loop through ``run_batch``, in batches.
 
     A batch starts as soon as ``size`` items wait, or ``max_wait_s`` after its oldest item arrived, and holds
-    at most ``size`` items; batches run one at a time. The worker sleeps on an event that a new item or a
-    new ``size`` sets, never in a poll loop. An item whose caller went away (its future cancelled) is dropped.
+    at most ``size`` items, taken from the waiting callers in turn (a caller that submitted many items shares
+    the batch with the others, not ahead of them); batches run one at a time. The worker sleeps on an event
+    that a new item or a new ``size`` sets, never in a poll loop. An item whose caller went away (its future
+    cancelled) is dropped.
     With ``retry_alone``, a batch that fails is run again one item at a time, so only an item that fails alone
     sees an error; otherwise every item of the failed batch gets the exception.
     """
@@ -51,6 +55,7 @@ class MicroBatcher(Generic[T, R]):
         self._waiting: list[_Waiting[T, R]] = []
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._callers = itertools.count()
 
     @property
     def size(self) -> int:
@@ -70,7 +75,8 @@ class MicroBatcher(Generic[T, R]):
             self._waiting = [w for w in self._waiting if w.future.get_loop() is loop]
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._work())
-        waiting = [_Waiting(item, loop.create_future(), loop.time()) for item in items]
+        caller = next(self._callers)
+        waiting = [_Waiting(item, loop.create_future(), loop.time(), caller) for item in items]
         self._waiting += waiting
         self._wake.set()
         return list(await asyncio.gather(*(w.future for w in waiting)))
@@ -94,9 +100,30 @@ class MicroBatcher(Generic[T, R]):
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
-            batch, self._waiting = self._waiting[: self._size], self._waiting[self._size :]
+            batch = self._take()
             if batch:
                 await self._run(batch)
+
+    def _take(self) -> list[_Waiting[T, R]]:
+        """The next batch: the waiting callers' items in turn (one each, in order of arrival), up to ``size``."""
+        if len(self._waiting) <= self._size:
+            batch, self._waiting = self._waiting, []  # everything waiting fits
+            return batch
+        by_caller: dict[int, list[_Waiting[T, R]]] = {}
+        for waiting in self._waiting:
+            by_caller.setdefault(waiting.caller, []).append(waiting)
+        queues = [iter(items) for items in by_caller.values()]
+        batch = []
+        while queues and len(batch) < self._size:
+            for queue in list(queues):
+                taken = next(queue, None)
+                if taken is None:
+                    queues.remove(queue)
+                elif len(batch) < self._size:
+                    batch.append(taken)
+        chosen = {id(w) for w in batch}
+        self._waiting = [w for w in self._waiting if id(w) not in chosen]
+        return batch
 
     async def _run(self, batch: list[_Waiting[T, R]]) -> None:
         try:

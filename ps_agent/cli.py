@@ -18,6 +18,7 @@ from rich.text import Text
 from ps_agent.display import console, errors, plain, print_rollouts, print_trace
 from ps_agent.graph import AgentError
 from ps_agent.llms import EMBEDDED_MODEL
+from ps_agent.retrieval.limits import ServerLimits
 
 app = typer.Typer(help="ParallelSearch: LLM search agents that split questions into parallel sub-queries.")
 
@@ -193,21 +194,39 @@ def serve_retriever(
     micro_batching: Annotated[bool, typer.Option(help="Gather the queries of concurrent requests.")] = True,
     max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries.")] = 5.0,
     max_batch: Annotated[int, typer.Option(help="Queries per batch at most.")] = 256,
+    max_in_flight: Annotated[
+        int, typer.Option(help="Requests searched or waiting at once; more get a 503 with Retry-After.")
+    ] = ServerLimits.max_in_flight,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body; larger gets a 413.")] = (
+        ServerLimits.max_body_bytes
+    ),
+    read_timeout_s: Annotated[
+        float, typer.Option(help="Seconds a request's headers and body may take to arrive; then it is closed.")
+    ] = ServerLimits.read_timeout_s,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections; past it, the one reading its request longest is closed.")
+    ] = ServerLimits.max_connections,
 ) -> None:
     """Serve an index (or a corpus with BM25) over Search-R1's retrieval protocol, with micro-batching."""
     # Idle OpenMP threads of torch and FAISS sleep instead of spinning, leaving the CPU to the event loop
     # (read when torch and faiss load, below); in development runs on 2 cores it raised queries/s at 64 clients.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import uvicorn
-
     from ps_agent.retrieval import resolve_retriever
     from ps_agent.retrieval.index import load_index
-    from ps_agent.retrieval.server import ServerLimits, create_app
+    from ps_agent.retrieval.server import create_app, serve
 
     with user_errors():
+        limits = ServerLimits(
+            max_wait_ms=max_wait_ms,
+            max_batch=max_batch,
+            micro_batching=micro_batching,
+            max_in_flight=max_in_flight,
+            max_body_bytes=max_body_bytes,
+            read_timeout_s=read_timeout_s,
+            max_connections=max_connections,
+        )
         retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
-    limits = ServerLimits(max_wait_ms=max_wait_ms, max_batch=max_batch, micro_batching=micro_batching)
-    uvicorn.run(create_app(retriever, limits), host=host, port=port, log_level="warning")
+    serve(create_app(retriever, limits), limits, host=host, port=port)
 
 
 index_app = typer.Typer(help="Build and inspect retrieval indexes.")

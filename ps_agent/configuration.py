@@ -11,7 +11,25 @@ from langchain_core.runnables import RunnableConfig
 from ps_agent.protocol import Mode
 
 Protocol = Literal["tags", "tools"]
-MAX_TOPK = 50  # one observation is topk passages per sub-query: beyond this it floods the model's context
+
+#: each numeric setting's range, inclusive: a served graph takes these from its clients, so none may hold a
+#: worker for long (seconds are floats, the rest integers; a search backoff of 0 is allowed, a rate of 0 is not)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "max_turns": (1, 16),
+    "topk": (1, 50),  # passages per sub-query in one observation: beyond this it floods the model's context
+    "max_parallel": (1, 32),
+    "max_new_tokens": (1, 1024),  # Search-R1 and the paper use 500 per turn
+    "max_question_chars": (1, 20_000),
+    "search_timeout_s": (0.001, 120.0),
+    "search_retries": (0, 10),
+    "search_backoff_s": (0.0, 30.0),
+    "search_rate_limit": (1, 10_000),
+    "max_concurrency": (1, 256),
+    "run_timeout_s": (0.001, 3600.0),
+}
+OPTIONAL = {"search_rate_limit"}  # None: off
+#: the fields that choose what the server reads or calls: free-form only from trusted code (see ps_agent.serving)
+RESOURCES = ("llm", "corpus")
 
 
 @dataclass(frozen=True)
@@ -67,26 +85,28 @@ class AgentConfig:
         metadata={"description": "a retriever spec: embedded (default), a corpus jsonl, an index folder, a server URL"},
     )
 
+    run_timeout_s: float = field(
+        default=600.0,
+        metadata={"description": "seconds one run may take, its model turns and searches together"},
+    )
+
     def __post_init__(self) -> None:
         if self.mode not in ("parallel", "sequential"):
-            raise ValueError(f"mode must be 'parallel' or 'sequential', got {self.mode!r}")
+            raise ValueError(f"mode must be 'parallel' or 'sequential', got {self.mode!r:.80}")
         if self.protocol not in ("tags", "tools"):
-            raise ValueError(f"protocol must be 'tags' or 'tools', got {self.protocol!r}")
-        for name in ("max_turns", "topk", "max_parallel", "max_new_tokens", "max_question_chars", "max_concurrency"):
+            raise ValueError(f"protocol must be 'tags' or 'tools', got {self.protocol!r:.80}")
+        if not isinstance(self.demonstration, bool):
+            raise ValueError(f"demonstration must be true or false, got {self.demonstration!r:.80}")
+        for name, (low, high) in BOUNDS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.topk > MAX_TOPK:
-            raise ValueError(
-                f"topk must be at most {MAX_TOPK} (passages per sub-query the model reads), got {self.topk}"
-            )
-        if not (math.isfinite(self.search_timeout_s) and self.search_timeout_s > 0):
-            raise ValueError(f"search_timeout_s must be a finite number of seconds > 0, got {self.search_timeout_s!r}")
-        if not (math.isfinite(self.search_backoff_s) and self.search_backoff_s >= 0) or self.search_retries < 0:
-            raise ValueError(
-                f"search_retries and search_backoff_s must be finite and >= 0, got {self.search_retries!r} "
-                f"and {self.search_backoff_s!r}"
-            )
+            if value is None and name in OPTIONAL:
+                continue
+            kind = float if name.endswith("_s") else int
+            number = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+            if not number or isinstance(value, bool) or not (math.isfinite(value) and low <= value <= high):
+                unit = "a number of seconds" if kind is float else "an integer"
+                off = " (or unset, for no limit)" if name in OPTIONAL else ""
+                raise ValueError(f"{name} must be {unit} from {low:g} to {high:g}{off}, got {value!r:.80}")
 
     @property
     def limits(self) -> RunnableConfig:
@@ -95,8 +115,9 @@ class AgentConfig:
         return {"max_concurrency": self.max_concurrency, "recursion_limit": 4 * self.max_turns + 10}
 
     def with_overrides(self, config: RunnableConfig | None) -> AgentConfig:
-        """This config with the known keys of ``config["configurable"]`` applied."""
+        """This config with the known settings of ``config["configurable"]`` applied, ``RESOURCES`` aside (a
+        per-request ``configurable`` picks those by name: ``ParallelSearchAgent`` and ``ps_agent.serving``)."""
         configurable = (config or {}).get("configurable", {})
-        names = {f.name for f in fields(self)}
+        names = {f.name for f in fields(self)} - set(RESOURCES)
         overrides = {k: v for k, v in configurable.items() if k in names}
         return replace(self, **overrides) if overrides else self

@@ -265,11 +265,16 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     context = runtime.context
     number = len(state.get("llm_calls", [])) + 1
     started = time.perf_counter()
+    remaining = state["started_at"] + context.run_timeout_s - time.time()
     try:
-        turn = await PROTOCOLS[context.protocol].think(state, context, forced=number > context.max_turns)
+        if remaining <= 0:
+            raise TimeoutError(f"the run took longer than run_timeout_s={context.run_timeout_s:g}")
+        thinking = PROTOCOLS[context.protocol].think(state, context, forced=number > context.max_turns)
+        turn = await asyncio.wait_for(thinking, remaining)
     except Exception as exc:
+        reason = f"run_timeout_s={context.run_timeout_s:g} reached" if isinstance(exc, TimeoutError) else ""
         raise AgentError(
-            f"LLM call failed on turn {number}: {type(exc).__name__}: {exc}",
+            f"LLM call failed on turn {number}: {type(exc).__name__}: {reason or exc}",
             trajectory_of(state, context.mode, context.protocol),
             stats_of(state),
         ) from exc
@@ -288,10 +293,11 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     )
     if turn.answer is not None:
         return {**turn.update, "llm_calls": [call], "answer": turn.answer}
-    return {**turn.update, "llm_calls": [call], "pending": _pending(turn, context)}
+    deadline = state["started_at"] + context.run_timeout_s
+    return {**turn.update, "llm_calls": [call], "pending": _pending(turn, context, deadline)}
 
 
-def _pending(turn: Turn, context: Context) -> PendingRound:
+def _pending(turn: Turn, context: Context, deadline: float) -> PendingRound:
     """The round a turn asks for: each distinct non-empty sub-query once, at most ``max_parallel`` (one in
     sequential mode, where a message of several tool calls gets only its first searched)."""
     limit = 1 if context.mode == "sequential" else context.max_parallel
@@ -303,6 +309,7 @@ def _pending(turn: Turn, context: Context) -> PendingRound:
         capped_from=len(turn.sub_queries) if capped else None,
         tool_call_ids=turn.tool_call_ids,
         started_at=time.perf_counter(),
+        deadline=deadline,
     )
 
 
@@ -312,7 +319,8 @@ def route(state: AgentState) -> list[Send] | str:
         return "finish"
     pending = state["pending"]
     if pending["kind"] == "search" and pending["searched"]:
-        return [Send("search", SearchTask(index=i, sub_query=q)) for i, q in enumerate(pending["searched"])]
+        tasks = enumerate(pending["searched"])
+        return [Send("search", SearchTask(index=i, sub_query=q, deadline=pending["deadline"])) for i, q in tasks]
     return "observe"
 
 
@@ -328,6 +336,7 @@ async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
         backoff_s=context.search_backoff_s,
         rate_limit=context.search_rate_limit,
         backend=context.backend,
+        deadline=task["deadline"],
     )
     if outcome.error:
         logger.warning("search for %r failed: %s", task["sub_query"], outcome.error)
@@ -372,17 +381,15 @@ async def finish(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]
 
 # --- the wiring ---------------------------------------------------------------------------------
 
-_DEFAULTS = Context()
 
-
-def _node(afunc: Callable[[Any, Runtime[Context]], Awaitable[dict[str, Any]]]) -> RunnableCallable:
+def _node(afunc: Callable[[Any, Runtime[Context]], Awaitable[dict[str, Any]]], defaults: Context) -> RunnableCallable:
     """``afunc`` as a node that also runs under the graph's sync ``invoke``/``stream`` (on the shared loop,
     ``run_sync``), wrapped as LangGraph wraps a function node (its runtime injected, no trace run of its own:
-    a ``RunnableLambda`` costs ~1 ms more per turn); a run given no context runs on the defaults, as Studio's
+    a ``RunnableLambda`` costs ~1 ms more per turn); a run given no context runs on ``defaults``, as Studio's
     runs with no settings do."""
 
     def given(runtime: Runtime[Context]) -> Runtime[Context]:
-        return runtime if runtime.context is not None else runtime.override(context=_DEFAULTS)
+        return runtime if runtime.context is not None else runtime.override(context=defaults)
 
     async def acall(state: Any, runtime: Runtime[Context]) -> dict[str, Any]:
         return await afunc(state, given(runtime))
@@ -393,19 +400,26 @@ def _node(afunc: Callable[[Any, Runtime[Context]], Awaitable[dict[str, Any]]]) -
     return RunnableCallable(call, acall, name=afunc.__name__, trace=False)
 
 
-builder = StateGraph(AgentState, context_schema=Context, input_schema=InputState, output_schema=OutputState)
-builder.add_node(_node(prepare))
-builder.add_node(_node(think))
-builder.add_node(_node(search), input_schema=SearchTask)
-builder.add_node(_node(observe))
-builder.add_node(_node(finish))
-builder.add_edge(START, "prepare")
-builder.add_edge("prepare", "think")
-builder.add_conditional_edges("think", route, ["search", "observe", "finish"])
-builder.add_edge("search", "observe")
-builder.add_edge("observe", "think")
-builder.add_edge("finish", END)
-graph = builder.compile(name="parallel_search")
+def compile_graph(context_schema: type[Context] = Context, name: str = "parallel_search") -> Any:
+    """The graph on ``context_schema``: ``Context`` (any spec, for trusted code) or a served graph's context,
+    which takes only the names its operator allowed (``ps_agent.serving``)."""
+    defaults = context_schema()
+    builder = StateGraph(AgentState, context_schema=context_schema, input_schema=InputState, output_schema=OutputState)
+    builder.add_node(_node(prepare, defaults))
+    builder.add_node(_node(think, defaults))
+    builder.add_node(_node(search, defaults), input_schema=SearchTask)
+    builder.add_node(_node(observe, defaults))
+    builder.add_node(_node(finish, defaults))
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "think")
+    builder.add_conditional_edges("think", route, ["search", "observe", "finish"])
+    builder.add_edge("search", "observe")
+    builder.add_edge("observe", "think")
+    builder.add_edge("finish", END)
+    return builder.compile(name=name)
+
+
+graph = compile_graph()
 
 
 def graph_for(context: Context) -> Runnable[dict[str, Any], dict[str, Any]]:

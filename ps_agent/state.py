@@ -48,6 +48,7 @@ class SubQueryResult(TypedDict):
 
     index: int
     sub_query: str
+    deadline: float  # the run's end, as in PendingRound
     passages: list[PassageRef]
     texts: list[tuple[str, str]]
     error: str | None
@@ -75,6 +76,7 @@ class PendingRound(TypedDict):
     capped_from: int | None
     tool_call_ids: list[str]
     started_at: float
+    deadline: float  # the run's end (``time.time()``): its started_at + run_timeout_s
 
 
 class Stats(TypedDict):

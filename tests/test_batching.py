@@ -160,3 +160,24 @@ def test_a_caller_that_goes_away_mid_batch_leaves_the_others_their_results():
         return await staying, await batcher.submit([3, 4])  # and the batcher still works
 
     assert run(one_leaves_mid_batch()) == ([2], [3, 4])
+
+
+def test_a_caller_with_many_items_shares_each_batch_with_the_others():
+    batches: list[list[str]] = []
+
+    async def run_batch(items):
+        batches.append(list(items))
+        await asyncio.sleep(0)
+        return items
+
+    async def scenario():
+        batcher = MicroBatcher(run_batch, size=4, max_wait_s=0.05)
+        heavy = asyncio.create_task(batcher.submit([f"heavy {i}" for i in range(12)]))
+        await asyncio.sleep(0)
+        light = asyncio.create_task(batcher.submit(["light"]))
+        return await heavy, await light
+
+    heavy, light = asyncio.run(scenario())
+    assert light == ["light"] and heavy == [f"heavy {i}" for i in range(12)]
+    # the first batch started when 4 of heavy's items waited; light joins the next one, not the last
+    assert "light" in batches[1] and [len(b) for b in batches] == [4, 4, 4, 1]

@@ -247,7 +247,7 @@ def test_long_question_is_truncated_with_a_warning(caplog):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="mode must be"):
         ParallelSearchAgent(mode="fast")
-    with pytest.raises(ValueError, match="max_turns must be a positive integer"):
+    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 16, got 0"):
         ParallelSearchAgent(max_turns=0)
     with pytest.raises(TypeError, match="cannot use int as a retriever"):
         ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=42).invoke({"question": "Q?"})
@@ -256,10 +256,21 @@ def test_bad_config_is_refused():
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ({"topk": 1000}, "topk must be at most 50"),
-        ({"search_timeout_s": float("nan")}, "search_timeout_s must be a finite number"),
-        ({"search_timeout_s": float("inf")}, "search_timeout_s must be a finite number"),
-        ({"search_backoff_s": float("nan")}, "search_backoff_s must be finite"),
+        ({"topk": 1000}, "topk must be an integer from 1 to 50, got 1000"),
+        ({"search_timeout_s": float("nan")}, "search_timeout_s must be a number of seconds from"),
+        ({"search_timeout_s": float("inf")}, "search_timeout_s must be a number of seconds from"),
+        ({"search_backoff_s": float("nan")}, "search_backoff_s must be a number of seconds from 0 to 30"),
+        # issue 27: settings that held a served graph's only worker forever, or failed with a TypeError
+        ({"search_rate_limit": -1}, r"search_rate_limit must be an integer from 1 to 10000 \(or unset"),
+        ({"search_rate_limit": 0}, "search_rate_limit must be an integer from 1"),
+        ({"search_retries": 10**9}, "search_retries must be an integer from 0 to 10"),
+        ({"search_retries": "3"}, "search_retries must be an integer from 0 to 10, got '3'"),
+        ({"search_timeout_s": 1e9}, "search_timeout_s must be a number of seconds from 0.001 to 120"),
+        ({"max_turns": 10**6}, "max_turns must be an integer from 1 to 16"),
+        ({"max_new_tokens": 4096}, "max_new_tokens must be an integer from 1 to 1024"),
+        ({"max_turns": True}, "max_turns must be an integer"),
+        ({"run_timeout_s": 0}, "run_timeout_s must be a number of seconds from 0.001 to 3600"),
+        ({"demonstration": "yes"}, "demonstration must be true or false"),
     ],
 )
 def test_unbounded_settings_are_refused(setting, message):

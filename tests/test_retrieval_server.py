@@ -18,6 +18,7 @@ from ps_agent import ParallelSearchAgent
 from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.http import HTTPRetriever, RetrievalRejected
 from ps_agent.retrieval.index import build_index
+from ps_agent.retrieval.limits import protocol_for
 from ps_agent.retrieval.server import ServerLimits, create_app
 from tests.conftest import free_port, served
 from tests.doubles import scripted_llm
@@ -165,10 +166,12 @@ class FailsOnBoom:
 
 
 @contextlib.asynccontextmanager
-async def serving(app):
-    """``app`` served by uvicorn on 127.0.0.1 in this event loop."""
+async def serving(app, limits: ServerLimits | None = None):
+    """``app`` served by uvicorn on 127.0.0.1 in this event loop, with ``limits``' read deadline as in ``serve``."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    http = protocol_for(limits or ServerLimits())
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off", http=http)
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -300,3 +303,82 @@ def test_serving_an_index_with_another_encoder_or_damaged_is_refused(dense_folde
     (folder / "manifest.json").write_text((folder / "manifest.json").read_text().replace('"count": 4', '"count": 5'))
     done = subprocess.run([PS_AGENT, "serve-retriever", "--index", str(folder)], capture_output=True, text=True)
     assert done.returncode == 2 and "passages.arrow holds 4 passages, the manifest 5" in done.stderr
+
+
+# --- issue 27: a server that survives abusive clients ------------------------------------------------------------
+
+
+def test_a_million_wrong_typed_items_get_a_short_4xx(server):
+    body = json.dumps({"queries": [1] * 1_000_000})  # 3 MB: every item used to be validated and echoed
+    reply = httpx.post(f"{server}/retrieve", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 422 and len(reply.content) < 2_000, reply.content[:300]
+    assert reply.json()["detail"][0]["type"] == "too_long" and reply.json()["errors"] == 1
+    many = httpx.post(f"{server}/retrieve", json={"queries": [1] * 1000}, timeout=60)  # under the cap: every item
+    assert many.status_code == 422 and len(many.json()["detail"]) == 20 and many.json()["errors"] == 1000
+    assert httpx.get(f"{server}/health").json()["limits"]["max_body_bytes"] == ServerLimits.max_body_bytes
+
+
+def test_a_body_over_the_limit_gets_a_413():
+    app = create_app(Gated(), ServerLimits(max_body_bytes=1_000))
+
+    async def scenario():
+        async with serving(app) as url, httpx.AsyncClient() as client:
+            declared = await client.post(f"{url}/retrieve", json={"queries": ["x" * 2_000]})
+
+            async def chunks():  # no Content-Length: the limit is counted as the body arrives
+                for _ in range(4):
+                    yield b" " * 400
+
+            streamed = await client.post(
+                f"{url}/retrieve", content=chunks(), headers={"content-type": "application/json"}
+            )
+            return declared, streamed
+
+    declared, streamed = asyncio.run(scenario())
+    assert declared.status_code == 413 and streamed.status_code == 413
+
+
+def test_requests_past_the_in_flight_limit_get_a_503_with_retry_after():
+    retriever = Gated()
+    app = create_app(retriever, ServerLimits(max_in_flight=2, max_wait_ms=1))
+
+    async def scenario():
+        async with serving(app) as url, httpx.AsyncClient(timeout=30) as client:
+            held = [asyncio.create_task(client.post(f"{url}/retrieve", json={"queries": [f"q{i}"]})) for i in range(2)]
+            await asyncio.wait_for(retriever.searching.wait(), 30)
+            while sum(len(batch) for batch in retriever.batches) < 2:
+                await asyncio.sleep(0.01)
+            refused = await client.post(f"{url}/retrieve", json={"queries": ["third"]})
+            retriever.release.set()
+            return refused, [await task for task in held]
+
+    refused, held = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "at most 2" in refused.json()["detail"]
+    assert [reply.status_code for reply in held] == [200, 200]
+
+
+def test_slow_headers_and_bodies_are_closed_and_good_clients_are_served():
+    limits = ServerLimits(read_timeout_s=0.5, max_connections=8, max_wait_ms=1)
+    app = create_app(FailsOnBoom(), limits)
+
+    async def scenario():
+        async with serving(app, limits) as url:
+            port = int(url.rsplit(":", 1)[1])
+            slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(12)]  # more than max_connections
+            for i, (_, writer) in enumerate(slow):
+                partial = b"POST /retrieve HTTP/1.1\r\nHost: x\r\n"
+                if i % 2:  # headers whole, the body never finished
+                    partial += b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+                writer.write(partial)
+                await writer.drain()
+            async with httpx.AsyncClient(timeout=30) as client:
+                good = [await client.post(f"{url}/retrieve", json={"queries": [f"good {i}"]}) for i in range(5)]
+            closed = 0
+            for reader, _ in slow:  # every slow connection is closed by the server: read() sees the end
+                closed += await asyncio.wait_for(reader.read(), 10) == b""
+            return good, closed
+
+    good, closed = asyncio.run(scenario())
+    assert [reply.status_code for reply in good] == [200] * 5
+    assert closed == 12

@@ -33,18 +33,40 @@ def test_langgraph_dev_serves_the_graph(qwen_path, tmp_path):
             assistants = await client.assistants.search(graph_id="parallel_search")
             assert assistants, "graph 'parallel_search' is not served"
             schemas = await client.assistants.get_schemas(assistants[0]["assistant_id"])
-            return schemas, await client.runs.wait(
-                None,
-                "parallel_search",
-                input={"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"},
-                config={"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}},
+            refused = [
+                await client.runs.wait(None, "parallel_search", input={"question": "Q?"}, raise_error=False, **chosen)
+                for chosen in (
+                    {"context": {"corpus": str(secret)}},
+                    {"config": {"configurable": {"llm": f"vllm:http://127.0.0.1:{port}/v1"}}},
+                    {"context": {"search_retries": 10**9}},
+                )
+            ]
+            return (
+                schemas,
+                refused,
+                await client.runs.wait(
+                    None,
+                    "parallel_search",
+                    input={"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"},
+                    config={"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}},
+                ),
             )
 
-        schemas, result = asyncio.run(run())
+        secret = tmp_path / "private.jsonl"  # a server file a client must not be able to read
+        secret.write_text('{"id": "1", "contents": "\\"Secret\\"\\nthe operator\'s private line"}\n')
+        schemas, refused, result = asyncio.run(run())
+        expected = [
+            "corpus a str is not offered here",
+            "is not offered here: choose one of qwen0.5b,",
+            "search_retries",
+        ]
+        for run_output, message in zip(refused, expected, strict=True):  # issue 27: only the operator's names
+            assert message in str(run_output) and "private line" not in str(run_output), run_output
         settings = schemas["context_schema"]["properties"]  # what Studio shows as the assistant's settings
         assert sorted(settings) == sorted(f.name for f in fields(AgentConfig))
         assert settings["mode"]["enum"] == ["parallel", "sequential"] and settings["topk"]["default"] == 3
         assert all(setting.get("description") for setting in settings.values())
+        assert "smollm2-searchr1" in settings["llm"]["anyOf"][0]["enum"]  # Studio offers the names, not free text
         assert "__error__" not in result, f"{result}\n{log.read_text()[-3000:]}"
         assert isinstance(result["answer"], str)
         assert result["trajectory"]["mode"] == "sequential"

@@ -104,25 +104,32 @@ async def resilient_search(
     backoff_s: float = 0.2,
     rate_limit: int | None = None,
     backend: object = None,
+    deadline: float | None = None,
 ) -> SearchOutcome:
     """Search one query with a per-attempt timeout, exponential backoff and an optional rate limit.
 
     ``rate_limit`` counts the searches per second on ``backend`` (default: ``retriever``; an adapter's caller
-    passes the object it adapts, so that every adapter of one LangChain retriever shares its limit).
-    Never raises for backend faults: a search that fails every attempt returns its reason,
-    so the agent can tell the model and go on.
+    passes the object it adapts, so that every adapter of one LangChain retriever shares its limit); the wait for
+    it counts in the attempt's ``timeout_s``. ``deadline`` (``time.time()``) ends the retries and shortens the
+    last attempt's timeout: the run's own budget. Never raises for backend faults: a search that fails every
+    attempt returns its reason, so the agent can tell the model and go on.
     """
     start = time.perf_counter()
     throttler = throttler_for(retriever if backend is None else backend, rate_limit) if rate_limit else None
     attempts = 0
 
+    async def throttled() -> list[list[Passage]]:
+        await throttler.acquire()  # type: ignore[union-attr]
+        return await retriever.asearch([query], k)
+
     async def attempt() -> list[Passage]:
         nonlocal attempts
         attempts += 1
-        if throttler is not None:
-            await throttler.acquire()
+        budget = timeout_s if deadline is None else min(timeout_s, deadline - time.time())
+        if budget <= 0:
+            raise SearchFailed("the run's time budget (run_timeout_s) is spent", transient=False)
         try:
-            search = asyncio.ensure_future(retriever.asearch([query], k))
+            search = asyncio.ensure_future(throttled() if throttler is not None else retriever.asearch([query], k))
         except Exception as exc:  # asearch is not a coroutine function, or raised before its first await
             raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
         loop = asyncio.get_running_loop()
@@ -131,8 +138,8 @@ async def resilient_search(
             # asyncio.wait, not asyncio.timeout: a search whose result is in when the timer fires is kept. And a
             # timer that fired late means something blocked the event loop (a sync call in another retriever):
             # that time is given back once, so the healthy searches beside a blocking one are not blamed for it
-            await asyncio.wait([search], timeout=timeout_s)
-            blocked_s = loop.time() - started - timeout_s
+            await asyncio.wait([search], timeout=budget)
+            blocked_s = loop.time() - started - budget
             if not search.done() and blocked_s > 0.01:
                 await asyncio.wait([search], timeout=blocked_s)
         except asyncio.CancelledError:
@@ -140,7 +147,8 @@ async def resilient_search(
             raise
         if not search.done():
             search.cancel()
-            raise SearchFailed(f"timed out after {timeout_s:g} s")
+            cut = " (the end of the run's time budget, run_timeout_s)" if budget < timeout_s else ""
+            raise SearchFailed(f"timed out after {budget:.3g} s{cut}", transient=not cut)
         try:
             return _checked(search.result(), k)
         except asyncio.CancelledError as exc:  # the backend cancelled its own search (this run was not cancelled)

@@ -6,7 +6,8 @@
 answers ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (documents alone when
 ``return_scores`` is false). Queries of concurrent requests are gathered for up to ``max_wait_ms`` or
 ``max_batch`` queries and searched together; a batch that fails is searched again one query at a time, so
-one bad query fails only its own request. ``/health`` and Prometheus ``/metrics`` tell how it goes.
+one bad query fails only its own request. ``/health`` (with every limit: ``limits.py``) and Prometheus
+``/metrics`` tell how it goes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -25,21 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ps_agent.batching import MicroBatcher
 from ps_agent.retrieval.base import Passage, Retriever
+from ps_agent.retrieval.limits import InFlightLimit, ServerLimits, protocol_for
 from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """One place for the server's limits."""
-
-    max_queries: int = 256
-    max_topk: int = 100
-    max_query_chars: int = 2000
-    max_batch: int = 256
-    max_wait_ms: float = 5.0
-    micro_batching: bool = True
+#: the most queries a request model takes: a longer list is refused before any of its items is validated
+QUERIES_CAP = 4096
 
 
 class RetrieveRequest(BaseModel):
@@ -47,7 +41,9 @@ class RetrieveRequest(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    queries: list[str] = Field(min_length=1, description="queries to search, each non-empty UTF-8 text")
+    queries: list[str] = Field(
+        min_length=1, max_length=QUERIES_CAP, description="queries to search, each non-empty UTF-8 text"
+    )
     topk: int = Field(default=3, ge=1, description="passages per query, at most ServerLimits.max_topk")
     return_scores: bool = False
 
@@ -84,6 +80,8 @@ class RetrieveResponse(BaseModel):
 def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> FastAPI:
     """The server around any ``Retriever``."""
     limits = limits or ServerLimits()
+    if limits.max_queries > QUERIES_CAP:
+        raise ValueError(f"ServerLimits.max_queries must be at most {QUERIES_CAP}, got {limits.max_queries}")
     registry = CollectorRegistry()
     metrics = {
         "requests": Counter("retrieve_requests", "POST /retrieve requests served", registry=registry),
@@ -118,13 +116,20 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         yield
         await batcher.close()
 
-    app = FastAPI(title="ParallelSearch retrieval server (Search-R1 protocol)", lifespan=lifespan)
+    app = FastAPI(
+        title="ParallelSearch retrieval server (Search-R1 protocol)",
+        lifespan=lifespan,
+        max_body_size=limits.max_body_bytes,
+    )
+    app.add_middleware(InFlightLimit, limit=limits.max_in_flight)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's default echoes the input back: it may be large, or not encodable (a lone surrogate)
-        errors = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        return JSONResponse({"detail": errors}, status_code=422)
+        # FastAPI's default echoes the input back: it may be large, or not encodable (a lone surrogate); and a
+        # list of a million wrong-typed items would make a million errors: the first max_errors are enough
+        found = exc.errors()
+        errors = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in found[: limits.max_errors]]
+        return JSONResponse({"detail": errors, "errors": len(found)}, status_code=422)
 
     @app.post("/retrieve", response_model=RetrieveResponse)
     async def retrieve(request: RetrieveRequest) -> RetrieveResponse:
@@ -151,7 +156,7 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "micro_batching": limits.micro_batching}
+        return {"status": "ok", "micro_batching": limits.micro_batching, "limits": asdict(limits)}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -170,3 +175,10 @@ def _check(request: RetrieveRequest, limits: ServerLimits) -> str | None:
         if len(query) > limits.max_query_chars:
             return f"query {i} has {len(query)} characters: at most {limits.max_query_chars}"
     return None
+
+
+def serve(app: FastAPI, limits: ServerLimits, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run ``app`` under uvicorn with ``limits``' read deadline and connection cap."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=protocol_for(limits))

@@ -1,0 +1,126 @@
+"""What the retrieval server refuses, and when: its limits, and the two guards FastAPI does not bring.
+
+- request shape: at most ``max_queries`` queries, checked before any item is validated (``RetrieveRequest``),
+  and at most ``max_errors`` errors in a 422 body;
+- body size: ``max_body_bytes``, FastAPI's own ``max_body_size`` (413);
+- concurrency: at most ``max_in_flight`` requests searched or waiting at once; more get a 503 with ``Retry-After``
+  (``InFlightLimit``);
+- reading: a request's headers and body must arrive within ``read_timeout_s`` of its first byte, or of the
+  connection's start, else the connection is closed; when ``max_connections`` are open, a new connection
+  closes the one that has been reading its request longest (``ReadDeadlineProtocol``);
+- fairness: each batch takes the waiting requests' queries in turn (``MicroBatcher``), so a heavy client
+  shares batches with the others instead of going first.
+
+``/health`` reports every limit; ``ps-agent serve-retriever --help`` has a flag for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """One place for the server's limits."""
+
+    max_queries: int = 256
+    max_topk: int = 100
+    max_query_chars: int = 2000
+    max_batch: int = 256
+    max_wait_ms: float = 5.0
+    micro_batching: bool = True
+    max_body_bytes: int = 4 * 1024 * 1024  # 256 queries of 2,000 characters, JSON-escaped
+    max_errors: int = 20
+    max_in_flight: int = 64
+    read_timeout_s: float = 10.0
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, bool) and not value > 0:
+                raise ValueError(f"ServerLimits.{name} must be > 0, got {value!r}")
+
+
+class InFlightLimit:
+    """ASGI middleware: at most ``limit`` requests to ``path`` at once; the next gets a 503 with ``Retry-After``."""
+
+    def __init__(self, app: Any, limit: int, path: str = "/retrieve") -> None:
+        self.app, self.limit, self.path = app, limit, path
+        self.in_flight = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.limit:
+            detail = f"busy: {self.in_flight} requests in flight (at most {self.limit}); retry after 1 s"
+            body = json.dumps({"detail": detail}).encode()
+            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            return await send({"type": "http.response.body", "body": body})
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+class ReadDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with a read deadline: a request not read whole within ``read_timeout_s`` of its
+    start closes its connection (uvicorn waits forever for slow headers and bodies), and past
+    ``max_connections`` a new connection closes the one that has been reading longest. A request read whole is
+    never cut: searching it and writing the answer take what they take."""
+
+    read_timeout_s = 10.0
+    max_connections = 512
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._reading_since: float | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._start_reading()
+        if len(self.connections) > self.max_connections:
+            reading = [c for c in self.connections if getattr(c, "_reading_since", None) is not None]
+            oldest = min(reading, key=lambda c: c._reading_since, default=None)  # type: ignore[attr-defined]
+            if oldest is not None:
+                oldest._read_timed_out()  # type: ignore[attr-defined]
+
+    def _start_reading(self) -> None:
+        self._stop_reading()
+        self._reading_since = time.monotonic()
+        self._deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _stop_reading(self) -> None:
+        self._reading_since = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._stop_reading()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._stop_reading()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._start_reading()  # the next request on this connection gets its own deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_reading()
+        super().connection_lost(exc)
+
+
+def protocol_for(limits: ServerLimits) -> type[ReadDeadlineProtocol]:
+    """``ReadDeadlineProtocol`` with ``limits``' read timeout and connection cap (uvicorn takes a class)."""
+    settings = {"read_timeout_s": limits.read_timeout_s, "max_connections": limits.max_connections}
+    return type("ReadDeadlineProtocol", (ReadDeadlineProtocol,), settings)

@@ -1,0 +1,133 @@
+"""What a client of a served graph may choose (issue 27): names the operator offers, settings within bounds, and
+a run that ends within its time budget. The graph runs through its real LangGraph machinery; the URLs a client
+names are real HTTP servers on 127.0.0.1 that count what reaches them."""
+
+import asyncio
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ps_agent import AgentError, ParallelSearchAgent
+from ps_agent.llms import EMBEDDED_SPECS
+from ps_agent.retrieval import resilient_search
+from ps_agent.serving import ChoiceError, Choices, served_context, served_graph
+from tests.doubles import SleepyRetriever, scripted_llm
+
+ANSWER = "<think>done</think>\n<answer> Paris </answer>"
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server on 127.0.0.1 that records every request path: a URL a client might make us call."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"internal admin page")
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def test_the_environment_names_what_is_offered():
+    offered = Choices.from_env({"PS_AGENT_ALLOWED_LLMS": "smollm2, fast = vllm:http://gpu:8000/v1"})
+    assert dict(offered.llms) == {"smollm2": "smollm2", "fast": "vllm:http://gpu:8000/v1"}
+    assert offered.pick("llm", None) == "smollm2" and offered.pick("llm", "fast") == "vllm:http://gpu:8000/v1"
+    assert dict(Choices.from_env({}).llms) == {name: name for name in EMBEDDED_SPECS}
+    with pytest.raises(ValueError, match=r"'gpt' is not an embedded llm .* name it as NAME=SPEC"):
+        Choices.from_env({"PS_AGENT_ALLOWED_LLMS": "gpt"})
+    with pytest.raises(ValueError, match="PS_AGENT_ALLOWED_CORPORA: bad entry 'wiki=': expected NAME or NAME=SPEC"):
+        Choices.from_env({"PS_AGENT_ALLOWED_CORPORA": "wiki="})
+    with pytest.raises(ValueError, match="PS_AGENT_ALLOWED_CORPORA is set but names nothing"):
+        Choices.from_env({"PS_AGENT_ALLOWED_CORPORA": " , "})
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("corpus", "/etc/passwd"),
+        ("corpus", "{url}/admin?x="),
+        ("llm", "vllm:{url}/v1"),
+        ("llm", "openai:gpt-4o"),
+        ("llm", "hf:/etc"),
+        ("corpus", ["embedded"]),
+    ],
+)
+def test_a_served_graph_refuses_what_the_operator_did_not_offer(kind, value, listener):
+    url, seen = listener
+    value = value.format(url=url) if isinstance(value, str) else value
+    graph = served_graph(Choices(corpora={"wiki": SleepyRetriever()}, llms={"scripted": scripted_llm(ANSWER)}))
+    with pytest.raises(ChoiceError, match=f"{kind} .* is not offered here: choose one of (wiki|scripted)$") as error:
+        graph.invoke({"question": "Q?"}, context={kind: value})
+    assert seen == [], "the server contacted a URL a client named"
+    assert "passwd" not in str(error.value) or value == "/etc/passwd"  # no file content, no path-exists answer
+
+
+def test_a_served_graph_runs_on_the_names_it_offers():
+    retriever = SleepyRetriever()
+    graph = served_graph(Choices(corpora={"wiki": retriever}, llms={"scripted": scripted_llm(ANSWER)}))
+    out = graph.invoke({"question": "Q?"}, context={"llm": "scripted", "corpus": "wiki", "max_turns": 2})
+    assert out["answer"] == "Paris"
+    schema = graph.get_context_jsonschema()["properties"]  # what Studio shows: the names as choices
+    assert [option.get("const") or option.get("enum") for option in schema["corpus"]["anyOf"]] == ["wiki", None]
+
+
+def test_a_served_context_refuses_unbounded_settings():
+    served = served_context(Choices())
+    with pytest.raises(ValueError, match="search_retries must be an integer from 0 to 10, got '3'"):
+        served(search_retries="3")
+    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 16, got 1000000"):
+        served(max_turns=10**6)
+
+
+def test_per_request_configurable_picks_by_name_only(listener):
+    url, seen = listener
+    chosen = SleepyRetriever()
+    agent = ParallelSearchAgent(
+        llm=scripted_llm(ANSWER),
+        retriever=SleepyRetriever(),
+        choices=Choices(llms={"a": "a"}, corpora={"wiki": chosen}),
+    )
+    for bad in ({"corpus": f"{url}/retrieve"}, {"corpus": "/etc/passwd"}, {"llm": f"vllm:{url}/v1"}):
+        with pytest.raises(ChoiceError, match="is not offered here"):
+            agent.invoke({"question": "Q?"}, config={"configurable": bad})
+    assert seen == []
+    searching = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER), choices=Choices(corpora={"wiki": chosen})
+    )
+    out = searching.invoke({"question": "Q?"}, config={"configurable": {"corpus": "wiki", "topk": 1}})
+    assert out["answer"] == "Paris" and chosen.calls == [["a"]]
+
+
+def test_the_search_timeout_covers_the_rate_limiters_wait():
+    retriever = SleepyRetriever()
+
+    async def burst():  # one search per second allowed: the second and third wait ~1 s and ~2 s for their turn
+        searches = (resilient_search(retriever, f"q{i}", 1, rate_limit=1, timeout_s=0.3, retries=0) for i in range(3))
+        return await asyncio.gather(*searches)
+
+    outcomes = asyncio.run(burst())
+    assert [o.error for o in outcomes] == [None, "timed out after 0.3 s", "timed out after 0.3 s"]
+
+
+def test_a_run_ends_within_its_time_budget():
+    slow = SleepyRetriever(delay_s=30)  # longer than the budget, shorter than the search timeout and retries
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> a </search>", ANSWER), retriever=slow, run_timeout_s=3, search_timeout_s=60
+    )
+    with pytest.raises(AgentError, match="LLM call failed on turn 2: TimeoutError: run_timeout_s=3 reached") as e:
+        agent.invoke({"question": "Q?"})
+    (search_round,) = e.value.trajectory["search_rounds"]
+    assert search_round["results"][0]["error"].endswith("s (the end of the run's time budget, run_timeout_s)")
