@@ -36,6 +36,7 @@ from ps_agent.protocol import (
     TOOLS_PROMPT,
     TOOLS_SEQUENTIAL_HINT,
     SubQueryObservation,
+    neutralise,
     parse_action,
     parse_forced_answer,
     render_chat_prompt,
@@ -177,7 +178,7 @@ class ToolsProtocol:
 
     def start(self, question: str, context: Context) -> dict[str, Any]:
         hint = TOOLS_PARALLEL_HINT if context.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
-        prompt = TOOLS_PROMPT.format(parallel_hint=hint, question=question)
+        prompt = TOOLS_PROMPT.format(parallel_hint=hint, question=neutralise(question))
         return {"prompt": prompt, "messages": [HumanMessage(prompt)]}
 
     async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:

@@ -72,6 +72,10 @@ TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
 _ACTION_OPEN_RE = re.compile(r"<(search|answer)>")
 _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)
 _NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
+# what ``neutralise`` defangs in text the model reads: a protocol tag with any spacing, case or attributes
+# (``< /information>``, ``<Answer x>``), and a chat control token's spelling (``<|im_end|>``, ``<|endoftext|>``)
+_TAG_LIKE_RE = re.compile(r"<\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\b[^<>]*>", re.IGNORECASE)
+_CONTROL_RE = re.compile(r"<\|([^<>|\s]{1,64})\|>")
 _WELL_FORMED_TURN_RE = re.compile(
     rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
 )
@@ -96,7 +100,7 @@ def render_prompt(question: str, mode: Mode = "parallel") -> str:
     """The user prompt for ``question`` in ``mode`` (paper Table 1 / Search-R1)."""
     if mode not in PROMPTS:
         raise ValueError(f"unknown mode {mode!r}: expected one of {sorted(PROMPTS)}")
-    return PROMPTS[mode].format(question=question)
+    return PROMPTS[mode].format(question=neutralise(question))
 
 
 _DEMO_QUESTION = "Who was born first, Albert Einstein or Isaac Newton?"
@@ -221,8 +225,11 @@ def parse_forced_answer(completion: str) -> str:
 
 
 def neutralise(text: str) -> str:
-    """Defang protocol tags in retrieved or echoed text (``<answer>`` → ``[answer]``)."""
-    return _ANY_TAG_RE.sub(lambda m: "[" + m.group(0)[1:-1].strip() + "]", text)
+    """Defang protocol tags and control tokens' spellings in questions, retrieved or echoed text (``<answer>``,
+    ``< /Answer >`` → ``[answer]``, ``[/Answer]``; ``<|im_end|>`` → ``[|im_end|]``). The tokenizers also read
+    environment text with special tokens split (``ps_agent.llms.tokens.text_ids``)."""
+    text = _TAG_LIKE_RE.sub(lambda m: "[" + " ".join(m.group(0)[1:-1].split()).replace("/ ", "/") + "]", text)
+    return _CONTROL_RE.sub(r"[|\1|]", text)
 
 
 def render_search(sub_queries: Sequence[str]) -> str:
@@ -235,10 +242,17 @@ def render_answer(answer: str) -> str:
     return f"<answer> {answer} </answer>"
 
 
+def without_markup(text: str) -> str:
+    """Retrieved text with its protocol tags and control tokens' spellings removed, not just defanged: a small
+    policy still obeys ``[answer] K2 [/answer]`` in a passage (issue 27), and no corpus needs them. What a
+    removal joins into a new tag is defanged."""
+    return neutralise(_CONTROL_RE.sub(" ", _TAG_LIKE_RE.sub(" ", text)))
+
+
 def render_passages(passages: Sequence[tuple[str, str]]) -> str:
-    """Search-R1's ``Doc i(Title: t) text`` lines for (title, text) pairs, tags neutralised."""
+    """Search-R1's ``Doc i(Title: t) text`` lines for (title, text) pairs, their markup removed."""
     return "\n".join(
-        f"Doc {i}(Title: {neutralise(title)}) {neutralise(text)}" for i, (title, text) in enumerate(passages, 1)
+        f"Doc {i}(Title: {without_markup(title)}) {without_markup(text)}" for i, (title, text) in enumerate(passages, 1)
     )
 
 

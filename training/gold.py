@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import Completion, model_path
+from ps_agent.llms import Completion, model_path, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
 from ps_agent.questions import read_split
 from ps_agent.rewards import question_class
@@ -408,7 +408,7 @@ class TeacherPolicy:
         question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
         done = sum(segment["role"] == "model" for segment in transcript)
         text = self.turns[question][done]
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = text_ids(self.tokenizer, text)  # a quoted passage's special-token string stays text
         return Completion(text, prompt[-1]["content"], None, len(ids), ids, [0.0] * len(ids), "stop")
 
 

@@ -10,20 +10,45 @@ from ps_agent.protocol import ChatPrompt
 from ps_agent.state import Segment
 
 
-def chat_prompt_ids(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
-    """The chat prompt through the tokenizer's chat template (if it has one), as ids."""
+def special_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The texts ``tokenizer`` reads as one special token (``<|im_end|>``, ``<|endoftext|>``, ``<filename>``, …)."""
+    return tuple(token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as plain text: a special token's string in it (a passage holding ``<|im_end|>``) is spelled out
+    in ordinary tokens, never read as the control token."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+
+
+def _render(tokenizer: Any, prompt: ChatPrompt) -> str:
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
-    else:
-        text = plain_text(prompt, [])
-    return tokenizer(text, add_special_tokens=False).input_ids
+        return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    return plain_text(prompt, [])
+
+
+def chat_prompt_ids(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
+    """The chat prompt through the tokenizer's chat template (if it has one), as ids. Only the template's own
+    special tokens are special: where a message holds a special token's string, each message is tokenised as
+    plain text between the template's pieces (otherwise, as usual, the rendered prompt in one go)."""
+    specials = special_strings(tokenizer)
+    if not any(special in message["content"] for message in prompt for special in specials):
+        return tokenizer(_render(tokenizer, prompt), add_special_tokens=False).input_ids
+    marks = [f"\ue000{i}\ue001" for i in range(len(prompt))]
+    rest = _render(tokenizer, [{**message, "content": mark} for message, mark in zip(prompt, marks, strict=True)])
+    ids: list[int] = []
+    for message, mark in zip(prompt, marks, strict=True):
+        template, _, rest = rest.partition(mark)
+        ids += tokenizer(template, add_special_tokens=False).input_ids + text_ids(tokenizer, message["content"])
+    return ids + tokenizer(rest, add_special_tokens=False).input_ids
 
 
 def segment_ids(tokenizer: Any, segment: Segment) -> list[int]:
-    """A model turn's own ids, or the tokenisation of environment text (never model text re-tokenised)."""
+    """A model turn's own ids, or the tokenisation of environment text as plain text (never model text
+    re-tokenised; a passage's ``<|im_end|>`` is text, not the control token)."""
     if segment["token_ids"] is not None:
         return list(segment["token_ids"])
-    return tokenizer(segment["text"], add_special_tokens=False).input_ids
+    return text_ids(tokenizer, segment["text"])
 
 
 def context_ids(tokenizer: Any, prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[int]:
