@@ -6,6 +6,8 @@ import asyncio
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -279,6 +281,47 @@ def test_a_missing_adapter_or_another_base_is_refused_naming_both(tmp_path, smol
         load_adapter_model(other, base=smollm2_path)
     with pytest.raises(LLMSpecError, match=r"base model Qwen2.5-7B of adapter .* not found"):
         load_adapter_model(other)
+
+
+def _damaged_adapter(tmp_path: Path, how: str) -> Path:
+    """A copy of the shipped SmolLM2 adapter, damaged ``how``."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / how
+    shutil.copytree(policies_dir() / "smollm2-parallelsearch", folder)
+    weights = folder / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    if how == "renamed":  # names that match no module: PEFT warned, and the adapter changed nothing
+        save_file({name.replace("self_attn", "attention"): t for name, t in tensors.items()}, weights)
+    elif how == "partial":  # weights for the first layers only: PEFT applied them without a word
+        save_file({name: t for name, t in tensors.items() if ".layers.0." in name or ".layers.1." in name}, weights)
+    else:  # a copy cut short
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("renamed", r"tensors match no LoRA module \(e\.g\. \['base_model\.model\.model\.layers\.0\.attention"),
+        ("partial", r"0 of its \d+ tensors match no LoRA module .* \d+ of the \d+ LoRA weights it declares have no"),
+        ("truncated", r"adapter weights .*adapter_model\.safetensors cannot be read .* truncated or damaged"),
+    ],
+)
+def test_a_damaged_adapter_is_refused_naming_what_does_not_fit(how, message, tmp_path, smollm2_path):
+    """Issue 27: such adapters loaded silently, for --llm hf: and for run_grpo's --init_adapter."""
+    from ps_agent.llms import peft_adapter
+
+    folder = _damaged_adapter(tmp_path, how)
+    with pytest.raises(LLMSpecError, match=message):
+        load_adapter_model(folder)
+    with pytest.raises(LLMSpecError, match=message):
+        peft_adapter(folder, trainable=True)  # what --init_adapter loads
+    if how == "truncated":  # the CLI: one line and exit 2, not a traceback
+        cli = Path(sys.executable).parent / "ps-agent"
+        result = subprocess.run([cli, "ask", "Q?", "--llm", f"hf:{folder}"], capture_output=True, text=True)
+        assert result.returncode == 2 and "cannot be read" in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) <= 3, result.stderr
 
 
 @pytest.mark.parametrize("base", list(EMBEDDED_BASES.values()), ids=lambda b: b.name)

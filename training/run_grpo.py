@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.llms import adapter_base, model_path
+from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import (
     QUESTION_CLASSES,
@@ -182,11 +182,7 @@ def use_demonstration(args: ParallelSearchArguments) -> bool:
 def trainable_adapter(adapter: str, base: str) -> Any:
     """``base`` with the LoRA ``adapter`` loaded for training (not merged), after checking it was trained on
     ``base``: GRPO continues the SFT policy instead of starting a new adapter from the base model."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(adapter_base(adapter, base))
-    return PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    return peft_adapter(adapter, base, trainable=True)
 
 
 @contextlib.contextmanager

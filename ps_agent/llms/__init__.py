@@ -32,6 +32,7 @@ from ps_agent.llms.embedded import (
     embedded_spec,
     load_adapter_model,
     model_path,
+    peft_adapter,
     policies_dir,
     shipped_policies,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "generated_length",
     "load_adapter_model",
     "model_path",
+    "peft_adapter",
     "policies_dir",
     "resolve_chat_model",
     "resolve_text_policy",
