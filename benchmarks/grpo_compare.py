@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import paper_table  # noqa: E402
 from learning import SHARED, held_out_sets  # noqa: E402
 
-from ps_agent.eval import EvalSettings, check_same_model, evaluate, model_checksums  # noqa: E402
+from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
+from ps_agent.provenance import check_same_model, model_checksums  # noqa: E402
 from ps_agent.questions import read_split  # noqa: E402
 
 TABLE2_EXTRA = ("musique", "nq", "bamboogle")

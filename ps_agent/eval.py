@@ -13,25 +13,21 @@ import asyncio
 import json
 import logging
 import os
-import shlex
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
-from ps_agent.llms import EMBEDDED_MODEL, embedded_spec, policies_dir
+from ps_agent.llms import EMBEDDED_MODEL
 from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
+from ps_agent.provenance import check_same_model, provenance, writing_to
 from ps_agent.questions import read_jsonl
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.retrieval import CorpusError, resolve_retriever
-from ps_agent.retrieval.corpus import file_checksum
 from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records, timeline_of
@@ -234,10 +230,11 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
                 written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
 
     run = provenance(settings, [path for path, _ in files])
-    check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
-    TrajectoryLog(out_dir / "runs.jsonl").append(run)
-    run_sync(run_all())  # also from Jupyter, whose event loop is already running
-    summary = report(out_dir, problems)
+    with writing_to(out_dir):
+        check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
+        TrajectoryLog(out_dir / "runs.jsonl").append(run)
+        run_sync(run_all())  # also from Jupyter, whose event loop is already running
+        summary = report(out_dir, problems)
     failed = [r for r in written if r["error"] is not None]
     if written and len(failed) == len(written):
         raise EvalFailed(
@@ -245,73 +242,6 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
             f"LLM and retriever (each error is in {out_dir / 'results'}, the report in {out_dir / 'report.md'})"
         )
     return summary
-
-
-def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> None:
-    """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
-    other weights, or by weights not on record, since their answers would be counted as this model's.
-
-    ``model_sha1``: checksums of this run's weight files (``model_checksums``); empty where the LLM is remote and
-    its weights cannot be read, and then there is nothing to compare."""
-    if not model_sha1 or not any((out_dir / "results").glob("*.jsonl")):
-        return
-    earlier = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
-    held = earlier[-1].get("model_sha1") if earlier else None
-    if held == model_sha1:
-        return
-    answered_by = f"other model weights ({earlier[-1]['settings']['llm']}: {held})" if held else "weights not on record"
-    raise ValueError(
-        f"{out_dir} holds answers of {answered_by}, not of this run's ({llm}: {model_sha1}); a rerun there skips "
-        "the questions already answered and would count those answers as this model's: give another output "
-        "folder, or remove that one to evaluate again"
-    )
-
-
-def model_checksums(settings: EvalSettings) -> dict[str, str]:
-    """Checksums of the weights behind a run's LLM: ``settings.weights`` and the files its spec names."""
-    files = sorted({Path(path) for path in settings.weights} | set(model_files(settings.llm)))
-    return {str(path): file_checksum(path) for path in files}
-
-
-def model_files(llm: Any) -> list[Path]:
-    """The weights an LLM spec names on this machine (a shipped adapter, an ``hf:`` folder), to checksum."""
-    if not isinstance(llm, str):
-        return []
-    folders = [policies_dir() / embedded_spec(llm, mode) for mode in MODES] + [Path(llm.removeprefix("hf:"))]
-    names = ("adapter_model.safetensors", "model.safetensors")
-    return sorted({folder / name for folder in folders for name in names if (folder / name).is_file()})
-
-
-def git_commit() -> str | None:
-    """The commit of the checkout this package runs from, when it is one."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
-    """What reproduces a run's numbers: the command, the settings, and checksums of model weights and data."""
-    return {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join(sys.argv),
-        "settings": {
-            "llm": str(settings.llm),
-            "retriever": str(settings.retriever),
-            "modes": list(settings.modes),
-            "concurrency": settings.concurrency,
-            "limit": settings.limit,
-            "agent": settings.agent,
-            "weights": [str(path) for path in settings.weights],
-        },
-        "model_sha1": model_checksums(settings),
-        "data_sha1": {str(path): file_checksum(path) for path in data},
-        "parallelsearch": version("parallelsearch"),
-        "git_commit": git_commit(),
-    }
 
 
 def read_results(out_dir: Path) -> list[dict[str, Any]]:

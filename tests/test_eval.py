@@ -305,6 +305,44 @@ def test_a_rerun_into_a_folder_answered_by_other_weights_is_refused_before_any_q
     assert len((unrecorded / "results" / "synth.parallel.jsonl").read_text().splitlines()) == 1
 
 
+def _answered_by(out: Path, questions: Path, llm: str) -> str:
+    """``out`` as an eval of ``llm`` leaves it: one answer line and the run's provenance (no model run)."""
+    from ps_agent.provenance import provenance
+
+    results = out / "results" / "synth.parallel.jsonl"
+    results.parent.mkdir(parents=True)
+    results.write_text(json.dumps({"id": "0", "dataset": "synth", "mode": "parallel", "error": None}) + "\n")
+    (out / "runs.jsonl").write_text(json.dumps(provenance(EvalSettings(llm=llm), [questions])) + "\n")
+    return results.read_text()
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "message"),
+    [  # issue 27: both were accepted, and the second run reported the first model's answers as its own
+        ("smollm2", "smollm2-base", r"holds answers of other model weights \(smollm2: .*smollm2-parallelsearch"),
+        ("smollm2", "qwen0.5b", "holds answers of other model weights"),
+        ("vllm:http://127.0.0.1:9/v1", "vllm:http://127.0.0.1:9/v1", r"weights are not on record \(pass --weights"),
+    ],
+)
+def test_an_eval_into_a_folder_answered_by_another_model_is_refused(first, then, message, synthetic, tmp_path):
+    corpus, questions, _ = synthetic
+    answered = _answered_by(tmp_path / "out", questions, first)
+    with pytest.raises(ValueError, match=message):
+        evaluate([questions], tmp_path / "out", EvalSettings(llm=then, retriever=str(corpus), modes=("parallel",)))
+    assert (tmp_path / "out" / "results" / "synth.parallel.jsonl").read_text() == answered  # nothing run
+
+
+def test_a_second_eval_into_a_folder_being_written_is_refused(synthetic, tmp_path):
+    from ps_agent.provenance import writing_to
+
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=1)
+    with writing_to(tmp_path / "out"), pytest.raises(ValueError, match=r"out is being written by another eval \(pid"):
+        evaluate([questions], tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "results").exists()
+    assert evaluate([questions], tmp_path / "out", settings)["overall"]["parallel"]["n"] == 1  # the folder is free
+
+
 @pytest.mark.parametrize(
     ("weights", "message"),
     [("model.safetensors", "got one path"), (["missing/model.safetensors"], "no such file")],

@@ -1,0 +1,124 @@
+"""What an eval folder's answers came from, and who may write there.
+
+``provenance`` records what reproduces a run's numbers (the command, the settings, checksums of the model's
+weights and of the data); ``check_same_model`` refuses to resume a folder answered by another model, since its
+answers would be counted as this one's; ``writing_to`` keeps a second eval out of a folder one is writing to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
+from ps_agent.protocol import Mode
+from ps_agent.retrieval.corpus import file_checksum
+from ps_agent.trajectories import read_records
+
+if TYPE_CHECKING:
+    from ps_agent.eval import EvalSettings
+
+
+def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> None:
+    """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
+    other weights, or by weights not on record, since their answers would be counted as this model's.
+
+    ``model_sha1``: this run's model identity (``model_checksums``). Empty for a Python model object or an API
+    model given no ``weights``: then the folder must hold no record either. A served model (``vllm:URL``) can
+    change behind its URL, so resuming its answers needs its ``weights``."""
+    if not any((out_dir / "results").glob("*.jsonl")):
+        return
+    earlier = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
+    held = earlier[-1].get("model_sha1") if earlier else None
+    if held == model_sha1 and (model_sha1 or not llm.startswith("vllm:")):
+        return
+    answered_by = f"other model weights ({earlier[-1]['settings']['llm']}: {held})" if held else "weights not on record"
+    this = f"{llm}: {model_sha1}" if model_sha1 else f"{llm}, whose weights are not on record (pass --weights)"
+    raise ValueError(
+        f"{out_dir} holds answers of {answered_by}, not of this run's ({this}); a rerun there skips the "
+        "questions already answered and would count those answers as this model's: give another output "
+        "folder, or remove that one to evaluate again"
+    )
+
+
+def model_checksums(settings: EvalSettings) -> dict[str, str]:
+    """A run's model identity: checksums of ``settings.weights`` and of the files its spec names, and the
+    pinned GGUF checksum of the embedded base a spec runs on (``smollm2-base`` is not ``smollm2``)."""
+    files = sorted({Path(path) for path in settings.weights} | set(model_files(settings.llm)))
+    identity = {str(path): file_checksum(path) for path in files}
+    base = embedded_base(settings.llm) if isinstance(settings.llm, str) else None
+    base = base or (EMBEDDED_BASES.get(settings.llm) if isinstance(settings.llm, str) else None)
+    if base is not None:
+        identity[f"{base.name} (embedded base, GGUF sha256)"] = base.sha256
+    return identity
+
+
+def model_files(llm: Any) -> list[Path]:
+    """The weights an LLM spec names on this machine (a shipped adapter, an ``hf:`` folder), to checksum."""
+    if not isinstance(llm, str):
+        return []
+    folders = [policies_dir() / embedded_spec(llm, mode) for mode in get_args(Mode)] + [Path(llm.removeprefix("hf:"))]
+    names = ("adapter_model.safetensors", "model.safetensors")
+    return sorted({folder / name for folder in folders for name in names if (folder / name).is_file()})
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this package runs from, when it is one."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
+    """What reproduces a run's numbers: the command, the settings, and checksums of model weights and data."""
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join(sys.argv),
+        "settings": {
+            "llm": str(settings.llm),
+            "retriever": str(settings.retriever),
+            "modes": list(settings.modes),
+            "concurrency": settings.concurrency,
+            "limit": settings.limit,
+            "agent": settings.agent,
+            "weights": [str(path) for path in settings.weights],
+        },
+        "model_sha1": model_checksums(settings),
+        "data_sha1": {str(path): file_checksum(path) for path in data},
+        "parallelsearch": version("parallelsearch"),
+        "git_commit": git_commit(),
+    }
+
+
+@contextlib.contextmanager
+def writing_to(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir`` for one eval: a second one there would run every question again beside the first.
+    The lock is the kernel's (``flock``), so it goes with the process however that ends."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / ".lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise ValueError(
+                f"{out_dir} is being written by another eval ({holder}); wait for it to end, or give another --out"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield
