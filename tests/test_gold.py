@@ -145,6 +145,26 @@ def test_gold_questions_whose_passages_are_missing_or_whose_hops_look_reversed_a
     assert [q.id for q in gold.questions] == ["q1"]
 
 
+def test_a_corpus_with_a_decoy_under_a_gold_id_is_refused_naming_both_lines(tmp_path):
+    """Issue 27: a decoy line with a gold passage's id was read in its place, and every episode was kept."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    row = {"id": "q1", "question": "Who directed Blue Moon?", "golden_answers": ["Jo Park"], "type": "bridge",
+           "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]}  # fmt: skip
+    corpus = [
+        {"id": "p1", "contents": '"Blue Moon"\nBlue Moon was directed by Jo Park.'},
+        {"id": "p2", "contents": '"Jo Park"\nJo Park is a director.'},
+        {"id": "p1", "contents": '"Blue Moon"\nBlue Moon is a film.'},  # the decoy: same id, without the fact
+    ]
+    (folder / "dev.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:3: id 'p1' is already on line 1: expected one passage per id"):
+        shared_questions("set", root=tmp_path)
+    (folder / "corpus.jsonl").write_text(json.dumps(corpus[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:2: not a corpus line"):
+        shared_questions("set", root=tmp_path)
+
+
 def test_the_train_and_validation_parts_are_stable_and_disjoint():
     ids = [f"q{i}" for i in range(1000)]
     parts = [split_part(i) for i in ids]

@@ -165,6 +165,27 @@ def _answer_in(record: dict[str, Any], passages: dict[str, str], steps: Sequence
     return any(a and f" {a} " in text for a in answers)
 
 
+def passages_by_id(path: Path) -> dict[str, str]:
+    """A corpus file's ``contents`` by id, refused when an id is on two lines: gold episodes find their evidence
+    by id, and a second passage under a gold id (a decoy without the fact) would be read in its place."""
+    passages: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+                pid, contents = str(row["id"]), row["contents"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a corpus line ({exc}): expected {{'id', 'contents'}}") from exc
+            if pid in passages:
+                raise ValueError(
+                    f"{path}:{number}: id {pid!r} is already on line {first_line[pid]}: expected one passage per id "
+                    "(gold episodes find their evidence by id)"
+                )
+            passages[pid], first_line[pid] = contents, number
+    return passages
+
+
 def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> GoldSet:
     """The ``part`` of a shared dev file, with plans derived from supporting titles."""
     gold = GoldSet()
@@ -172,8 +193,7 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> Gol
     if not (folder / "dev.jsonl").is_file() or not (folder / "corpus.jsonl").is_file():
         gold.skipped[f"{name}: no dev.jsonl and corpus.jsonl in {folder}"] += 1
         return gold
-    with (folder / "corpus.jsonl").open(encoding="utf-8") as lines:
-        passages = {row["id"]: row["contents"] for row in map(json.loads, lines)}
+    passages = passages_by_id(folder / "corpus.jsonl")
     for record in read_split(folder / "dev.jsonl", part):
         if any(i not in passages for i in record.get("supporting_doc_ids") or []):
             gold.skipped[f"{name}: a gold passage is missing from its corpus"] += 1
