@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,25 @@ def test_two_sft_steps_with_a_tiny_model_then_resume(tiny_model, episodes_file, 
 
     with safe_open(final / "adapter_model.safetensors", "pt") as f:
         assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}  # noqa: SIM118 (not a dict)
+
+
+def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
+    tiny_model, episodes_file, tmp_path, caplog
+):
+    """Issue 27: ``--resume_from_checkpoint True`` never worked for run_sft.py, and a save cut off by a SIGTERM
+    (no trainer_state.json yet) stopped the resume until someone deleted it by hand."""
+    path, _ = episodes_file
+    out = tmp_path / "run"
+    main(sft_args(tiny_model, path, out, "--max_steps", "2"))
+    torn = out / "checkpoint-3"
+    shutil.copytree(out / "checkpoint-2", torn)
+    (torn / "trainer_state.json").unlink()
+    main(sft_args(tiny_model, path, out, "--max_steps", "3", "--resume_from_checkpoint", "True"))
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 3 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+    assert f"skipping {torn}: {torn} holds no trainer_state.json" in caplog.text
+    with pytest.raises(SystemExit, match=r"holds no complete checkpoint"):
+        main(sft_args(tiny_model, path, tmp_path / "empty", "--max_steps", "3", "--resume_from_checkpoint", "True"))
 
 
 def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_model):

@@ -38,6 +38,7 @@ from ps_agent.rewards import (
     reward_functions,
 )
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
+from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
 from training.precision import device_defaults
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
@@ -153,21 +154,13 @@ def prepare_trajectory_logs(output_dir: str, resume_from_checkpoint: str | bool 
     """Each step's rollouts are logged once: a resumed run drops the logged rollouts of the steps it redoes;
     a fresh run moves an earlier run's logs into ``previous-N/``. Returns the checkpoint to resume from
     (``True`` resolved to the newest one)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if not resume_from_checkpoint:
+    resume = resume_checkpoint(output_dir, resume_from_checkpoint)
+    if resume is None:
         kept = keep_previous_logs(output_dir)
         if kept:
             logger.info("fresh run in %s: the earlier run's trajectory logs moved to %s", output_dir, kept)
         return None
-    checkpoint = Path(str(resume_from_checkpoint))
-    if resume_from_checkpoint in ("True", "true", True):
-        checkpoint = Path(get_last_checkpoint(output_dir) or output_dir)
-    if not (checkpoint / "trainer_state.json").is_file():
-        raise SystemExit(
-            f"--resume_from_checkpoint {resume_from_checkpoint}: {checkpoint} holds no trainer_state.json "
-            "(expected a checkpoint folder such as OUTPUT_DIR/checkpoint-10)"
-        )
+    checkpoint = Path(resume)
     step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
     dropped = forget_steps_from(output_dir, step)
     logger.info("resuming at step %d: %d logged rollouts of steps >= %d are redone", step, dropped, step)

@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import EMBEDDED_BASES, model_path
+from training.checkpoints import resume_checkpoint
 from training.gold import sft_example
 from training.precision import device_defaults
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         peft_config=peft_config,
         callbacks=callbacks,
     )
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_checkpoint(config.output_dir, config.resume_from_checkpoint))
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
     final = Path(config.output_dir) / "final"
     if peft_config is not None:

@@ -1,0 +1,68 @@
+"""Which checkpoint a run resumes from: ``--resume_from_checkpoint True`` means the newest *complete* one.
+
+The Trainer writes a checkpoint's weights, optimizer and RNG state first and its ``trainer_state.json`` last,
+so a folder whose state file is missing or torn, or whose weights cannot be read, was cut off mid-save (a
+SIGTERM, a full disk): it is skipped, with the reason logged, and the run resumes from the one before it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_STEP = re.compile(r"^checkpoint-(\d+)$")
+WEIGHTS = ("adapter_model.safetensors", "model.safetensors")
+
+
+def incomplete(folder: Path) -> str | None:
+    """Why ``folder`` is not a checkpoint to resume from, or None when it is whole."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+    except FileNotFoundError:
+        return f"{folder} holds no trainer_state.json (a save cut off before its end, or not a checkpoint)"
+    except ValueError as exc:
+        return f"trainer_state.json is torn ({exc})"
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return "trainer_state.json has no global_step"
+    from safetensors import safe_open
+
+    for weights in (folder / name for name in WEIGHTS if (folder / name).is_file()):
+        try:
+            with safe_open(weights, framework="pt") as opened:
+                opened.keys()
+        except Exception as exc:  # safetensors' own error for a torn header
+            return f"{weights.name} cannot be read ({type(exc).__name__})"
+    return None
+
+
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """``OUTPUT_DIR/checkpoint-N`` folders, newest first."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and _STEP.match(p.name)]
+    return sorted(folders, key=lambda p: int(_STEP.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+
+
+def resume_checkpoint(output_dir: str | Path, resume_from_checkpoint: str | bool | None) -> str | None:
+    """The checkpoint to hand ``Trainer.train``: None for a fresh run, a named folder once checked, or for
+    ``True`` the newest complete one in ``output_dir`` (each newer incomplete one skipped with its reason)."""
+    value = resume_from_checkpoint
+    if value in (None, False, "", "False", "false", "None"):
+        return None
+    if value not in (True, "True", "true"):
+        folder = Path(str(value))
+        problem = incomplete(folder)
+        if problem:
+            raise SystemExit(f"--resume_from_checkpoint {folder}: {problem}; expected a whole OUTPUT_DIR/checkpoint-N")
+        return str(folder)
+    for folder in checkpoints(output_dir):
+        problem = incomplete(folder)
+        if problem is None:
+            return str(folder)
+        logger.warning("skipping %s: %s", folder, problem)
+    raise SystemExit(
+        f"--resume_from_checkpoint True: {output_dir} holds no complete checkpoint (checkpoint-N with its weights "
+        "and trainer_state.json); run without it to start afresh"
+    )
