@@ -244,10 +244,38 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     return summary
 
 
+#: what every result line holds (``question_record``), and what an answered one adds that the report reads
+RESULT_KEYS = ("id", "dataset", "mode", "question", "question_class", "golden_answers", "error")
+NUMBERS = (
+    "em",
+    "f1",
+    "cover_em",
+    "llm_calls",
+    "search_rounds",
+    "latency_s",
+    "format_valid",
+    "forced_answer",
+    "decomposed",
+)
+
+
+def _readable(record: dict[str, Any]) -> bool:
+    """An answered line's numbers are numbers and its rewards a total; an errored line needs none."""
+    if record["error"] is not None:
+        return isinstance(record["error"], str)
+    numbers = [record.get(key) for key in NUMBERS] + [(record.get("rewards") or {}).get("total")]
+    if all(isinstance(n, (int, float)) for n in numbers) and isinstance(record["question_class"], str):
+        return True
+    logger.warning("skipping the result of %s/%s (%s): expected numbers for %s", record["dataset"], record["id"],
+                   record["mode"], ", ".join(NUMBERS))  # fmt: skip
+    return False
+
+
 def read_results(out_dir: Path) -> list[dict[str, Any]]:
-    """The latest line of each question per dataset and mode: a retried question's line follows its error's."""
-    records = read_records(sorted((out_dir / "results").glob("*.jsonl")))
-    return list({(r["dataset"], r["mode"], r["id"]): r for r in records}.values())
+    """The latest line of each question per dataset and mode: a retried question's line follows its error's.
+    A line the report cannot read is skipped with a warning that names it."""
+    records = read_records(sorted((out_dir / "results").glob("*.jsonl")), required=RESULT_KEYS)
+    return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r)}.values())
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -357,6 +385,8 @@ def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None
     of a question side by side (``ps-agent report OUT`` rebuilds it)."""
     out_dir = Path(out_dir)
     records = read_results(out_dir) if records is None else records
+    if not records:
+        raise ValueError(f"{out_dir / 'results'} holds no result line the report can read (each skipped one is logged)")
     summary = summarise(records)
     path = out_dir / "report.html"
     page = render(

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +53,27 @@ def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """The JSON lines of ``paths`` in order; a torn line (a crash mid-write) is skipped with a warning."""
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_records(paths: Iterable[Path], required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The JSON objects of ``paths``' lines in order. A line that is not one (torn by a crash mid-write, nested
+    past Python's limit, holding NaN, or lacking a ``required`` key) is skipped with a warning naming its file
+    and line."""
     records = []
     for path in paths:
-        for line in path.read_bytes().splitlines():  # line by line: a line torn mid-character spoils only itself
+        for number, line in enumerate(path.read_bytes().splitlines(), 1):  # a torn character spoils its line only
             try:
-                records.append(json.loads(line))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                logger.warning("skipping a torn line in %s", path)
+                record = json.loads(line, parse_constant=_no_constant)
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+                logger.warning("skipping %s:%d: not a JSON object line (%s)", path, number, str(exc)[:80])
+                continue
+            missing = [key for key in required if key not in record] if isinstance(record, dict) else required
+            if not isinstance(record, dict) or missing:
+                logger.warning("skipping %s:%d: expected a JSON object with %s", path, number, ", ".join(required))
+                continue
+            records.append(record)
     return records
 
 

@@ -182,3 +182,25 @@ def test_ps_agent_report_rebuilds_the_page_or_says_what_the_folder_lacks(eval_ru
     empty = subprocess.run([PS_AGENT, "report", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert empty.returncode == 2
     assert "neither results/*.jsonl" in empty.stderr and "trajectories*.jsonl" in empty.stderr
+
+
+def test_ps_agent_report_skips_odd_result_lines_naming_them(eval_run, tmp_path):
+    """Issue 27: odd lines gave a RecursionError or a KeyError, or exit 0 and a blank page on a NaN."""
+    out, _ = eval_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    results = sorted((copy / "results").glob("*.jsonl"))[0]
+    kept = len(read_results(copy))
+    odd = ["[" * 100_000 + "]" * 100_000, '{"id": "x"}', '{"id": "y", "em": NaN}', "[1, 2]"]
+    with results.open("a") as f:
+        f.write("\n".join(odd) + "\n")
+    numbered = len(results.read_text().splitlines())
+    done = subprocess.run([PS_AGENT, "report", str(copy)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for line in range(numbered - 3, numbered + 1):
+        assert f"{results}:{line}:" in done.stderr
+    assert len(read_results(copy)) == kept
+    for path in (copy / "results").glob("*.jsonl"):  # nothing readable left: exit 2, saying so
+        path.write_text("\n".join(odd) + "\n")
+    empty = subprocess.run([PS_AGENT, "report", str(copy)], capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 2 and "holds no result line the report can read" in empty.stderr

@@ -103,6 +103,15 @@ def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_mod
     bad.write_text('{"input_ids": [1, 2]}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: not a gold episode .*expected a JSON object with prompt_ids"):
         load_examples(bad)
+    ragged = tmp_path / "ragged.jsonl"  # issue 27: these failed without a file or line, or inside the trainer
+    good = {"prompt_ids": [1, 2], "completion_ids": [3, 4], "env_mask": [1, 1]}
+    ragged.write_text(json.dumps(good) + "\n" + json.dumps(good | {"env_mask": [1]}) + "\n")
+    with pytest.raises(ValueError, match=r"ragged\.jsonl:2: not a gold episode .*env_mask of the completion's length"):
+        load_examples(ragged)
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text(json.dumps(good) + "\n" + json.dumps(good | {"completion_ids": [3, 10**6]}) + "\n")
+    with pytest.raises(ValueError, match=r"foreign\.jsonl:2: token id 1000000 is not in the model's vocabulary of 500"):
+        load_examples(foreign, vocab_size=500)
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt_ids": [1] * 50, "completion_ids": [2] * 60, "env_mask": [1] * 60}) + "\n")
     with pytest.raises(ValueError, match="1 episodes are longer than max_length=100"):

@@ -27,6 +27,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -83,8 +84,19 @@ class SFTArguments:
     )
 
 
-def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, list[int]]]:
-    """``input_ids``/``labels`` rows from a gold episode file; a bad line names its file and line."""
+def _out_of_vocabulary(ids: list[Any], vocab_size: int | None) -> Any:
+    """The first id that is not a token id of a ``vocab_size`` vocabulary (any non-integer), or None."""
+    for token in ids:
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0 or (vocab_size and token >= vocab_size):
+            return token
+    return None
+
+
+def load_examples(
+    path: str | Path, limit: int | None = None, vocab_size: int | None = None
+) -> list[dict[str, list[int]]]:
+    """``input_ids``/``labels`` rows from a gold episode file; a bad line (not an episode, turns and mask of
+    different lengths, a token id outside the model's ``vocab_size``) names its file and line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"episodes file not found: {path} (expected the jsonl written by training/gold.py)")
@@ -94,12 +106,19 @@ def load_examples(path: str | Path, limit: int | None = None) -> list[dict[str, 
             if not line.strip():
                 continue
             try:
-                rows.append(sft_example(json.loads(line)))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                row = sft_example(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"{path}:{number}: not a gold episode ({type(exc).__name__}: {exc}); expected a JSON object "
-                    "with prompt_ids, completion_ids and env_mask"
+                    "with prompt_ids, completion_ids and an env_mask of the completion's length"
                 ) from exc
+            bad = _out_of_vocabulary(row["input_ids"], vocab_size)
+            if bad is not None:
+                raise ValueError(
+                    f"{path}:{number}: token id {bad!r} is not in the model's vocabulary of {vocab_size}: expected "
+                    "episodes built with this model's tokenizer (training/gold.py --model)"
+                )
+            rows.append(row)
             if limit and len(rows) >= limit:
                 break
     if not rows:
@@ -132,7 +151,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     logger.info("training in %s", "bfloat16 autocast" if config.bf16 else "float32")
 
     path = model_path(args.model_name_or_path)
-    rows = load_examples(args.episodes, args.limit)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rows = load_examples(args.episodes, args.limit, vocab_size=len(tokenizer))
     too_long = sum(len(r["input_ids"]) > config.max_length for r in rows)
     if too_long:
         raise ValueError(
@@ -151,7 +171,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             target_modules=args.lora_target_modules.split(","),
             task_type="CAUSAL_LM",
         )
-    tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     if args.loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
