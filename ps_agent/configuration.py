@@ -15,7 +15,7 @@ Protocol = Literal["tags", "tools"]
 #: each numeric setting's range, inclusive: a served graph takes these from its clients, so none may hold a
 #: worker for long (seconds are floats, the rest integers; a search backoff of 0 is allowed, a rate of 0 is not)
 BOUNDS: dict[str, tuple[float, float]] = {
-    "max_turns": (1, 16),
+    "max_turns": (1, 32),
     "topk": (1, 50),  # passages per sub-query in one observation: beyond this it floods the model's context
     "max_parallel": (1, 32),
     "max_new_tokens": (1, 1024),  # Search-R1 and the paper use 500 per turn

@@ -259,23 +259,28 @@ NUMBERS = (
 )
 
 
-def _readable(record: dict[str, Any]) -> bool:
-    """An answered line's numbers are numbers and its rewards a total; an errored line needs none."""
+def _readable(record: dict[str, Any], complete: bool) -> bool:
+    """An errored line needs its reason; an answered one an EM, and, for the report (``complete``), every number
+    it aggregates. A number present must be a number."""
     if record["error"] is not None:
         return isinstance(record["error"], str)
-    numbers = [record.get(key) for key in NUMBERS] + [(record.get("rewards") or {}).get("total")]
-    if all(isinstance(n, (int, float)) for n in numbers) and isinstance(record["question_class"], str):
+    needed = NUMBERS if complete else ("em",)
+    numbers = {key: record.get(key) for key in NUMBERS if key in record or key in needed}
+    if complete:
+        numbers["rewards.total"] = (record.get("rewards") or {}).get("total")
+    if all(isinstance(n, (int, float)) for n in numbers.values()) and isinstance(record["question_class"], str):
         return True
     logger.warning("skipping the result of %s/%s (%s): expected numbers for %s", record["dataset"], record["id"],
-                   record["mode"], ", ".join(NUMBERS))  # fmt: skip
+                   record["mode"], ", ".join(numbers))  # fmt: skip
     return False
 
 
-def read_results(out_dir: Path) -> list[dict[str, Any]]:
+def read_results(out_dir: Path, complete: bool = False) -> list[dict[str, Any]]:
     """The latest line of each question per dataset and mode: a retried question's line follows its error's.
-    A line the report cannot read is skipped with a warning that names it."""
+    A line that cannot be read (with every number the report aggregates, when ``complete``) is skipped with a
+    warning that names it."""
     records = read_records(sorted((out_dir / "results").glob("*.jsonl")), required=RESULT_KEYS)
-    return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r)}.values())
+    return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r, complete)}.values())
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -384,7 +389,7 @@ def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None
     """Write ``report.html``: the tables and plot of ``report.md`` and every question's trajectory, the modes
     of a question side by side (``ps-agent report OUT`` rebuilds it)."""
     out_dir = Path(out_dir)
-    records = read_results(out_dir) if records is None else records
+    records = read_results(out_dir, complete=True) if records is None else records
     if not records:
         raise ValueError(f"{out_dir / 'results'} holds no result line the report can read (each skipped one is logged)")
     summary = summarise(records)
@@ -404,7 +409,7 @@ def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None
 def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
     """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``."""
     out_dir = Path(out_dir)
-    records = read_results(out_dir)
+    records = read_results(out_dir, complete=True)
     summary = summarise(records)
     summary["skipped_lines"] = problems or []
     summary["runs"] = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []

@@ -247,7 +247,7 @@ def test_long_question_is_truncated_with_a_warning(caplog):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="mode must be"):
         ParallelSearchAgent(mode="fast")
-    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 16, got 0"):
+    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 32, got 0"):
         ParallelSearchAgent(max_turns=0)
     with pytest.raises(TypeError, match="cannot use int as a retriever"):
         ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=42).invoke({"question": "Q?"})
@@ -266,7 +266,7 @@ def test_bad_config_is_refused():
         ({"search_retries": 10**9}, "search_retries must be an integer from 0 to 10"),
         ({"search_retries": "3"}, "search_retries must be an integer from 0 to 10, got '3'"),
         ({"search_timeout_s": 1e9}, "search_timeout_s must be a number of seconds from 0.001 to 120"),
-        ({"max_turns": 10**6}, "max_turns must be an integer from 1 to 16"),
+        ({"max_turns": 10**6}, "max_turns must be an integer from 1 to 32"),
         ({"max_new_tokens": 4096}, "max_new_tokens must be an integer from 1 to 1024"),
         ({"max_turns": True}, "max_turns must be an integer"),
         ({"run_timeout_s": 0}, "run_timeout_s must be a number of seconds from 0.001 to 3600"),

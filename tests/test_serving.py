@@ -88,7 +88,7 @@ def test_a_served_context_refuses_unbounded_settings():
     served = served_context(Choices())
     with pytest.raises(ValueError, match="search_retries must be an integer from 0 to 10, got '3'"):
         served(search_retries="3")
-    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 16, got 1000000"):
+    with pytest.raises(ValueError, match="max_turns must be an integer from 1 to 32, got 1000000"):
         served(max_turns=10**6)
 
 
