@@ -31,8 +31,7 @@ sys.path.insert(0, str(ROOT))
 from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
 from ps_agent.metrics import behaviour, mean  # noqa: E402
-from ps_agent.questions import read_split  # noqa: E402
-from ps_agent.rewards import QUESTION_CLASSES  # noqa: E402
+from ps_agent.questions import QUESTION_CLASSES, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"

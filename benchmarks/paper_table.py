@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ps_agent.eval import read_results
-from ps_agent.rewards import QUESTION_CLASSES
+from ps_agent.questions import QUESTION_CLASSES
 
 
 @dataclass

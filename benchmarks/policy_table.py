@@ -38,8 +38,7 @@ from learning import HELD_OUT_SEED, SHARED  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
 from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
-from ps_agent.questions import read_split  # noqa: E402
-from ps_agent.rewards import question_class  # noqa: E402
+from ps_agent.questions import question_class, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
 

@@ -33,8 +33,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from ps_agent.eval import EvalSettings, dataset_name, evaluate, html_report, read_results
-from ps_agent.questions import read_jsonl
-from ps_agent.rewards import question_class
+from ps_agent.questions import question_class, read_jsonl
 from ps_agent.trajectories import TrajectoryLog
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -366,6 +366,11 @@ def main() -> None:
     parser.add_argument("--injection-pairs", type=int, default=3, help="comparisons for the injection case (0: skip)")
     parser.add_argument("--out", type=Path, default=RESULTS / "serving_safety")
     args = parser.parse_args()
+    import ps_agent.eval
+    import ps_agent.serving
+    import ps_agent.synthetic  # noqa: F401
+    from ps_agent import ParallelSearchAgent  # noqa: F401
+
     cases: list[Case] = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

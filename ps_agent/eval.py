@@ -3,7 +3,7 @@
 Results go to ``OUT/results/{dataset}.{mode}.jsonl``; a rerun skips the ids already answered there (an id
 whose latest line is an error runs again), so an interrupted or failed run resumes. ``report`` aggregates
 each question's latest line per dataset, per question class (parallelisable / sequential / hybrid /
-single-hop, from ``type`` through ``rewards.TYPE_CLASSES``) and per mode, and writes ``summary.json``,
+single-hop, from ``type`` through ``questions.CLASS_RULES``) and per mode, and writes ``summary.json``,
 ``report.md`` (the paper's layouts) and PNG plots.
 """
 
@@ -25,10 +25,10 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import EMBEDDED_MODEL
 from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
 from ps_agent.provenance import check_same_model, provenance, writing_to
-from ps_agent.questions import read_jsonl
+from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.retrieval import CorpusError, resolve_retriever
-from ps_agent.rewards import QUESTION_CLASSES, format_valid, question_class, reward_components
+from ps_agent.rewards import format_valid, reward_components
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records, timeline_of
 

@@ -10,19 +10,75 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
 
-#: Dataset ``type`` values this project knows: HotpotQA, 2WikiMultihopQA, MuSiQue, and the synthetic world.
-KNOWN_TYPES = frozenset(
-    {"comparison", "bridge", "compositional", "inference", "bridge_comparison"}
-    | {"2hop", "3hop1", "3hop2", "4hop1", "4hop2", "4hop3"}
-    | {"hybrid", "single"}
-)
+QuestionClass = Literal["parallelisable", "sequential", "hybrid", "single-hop"]
+
+
+@dataclass(frozen=True)
+class ClassRule:
+    """How a question class is searched: ``split`` into parallel sub-queries in one round (or kept whole),
+    in at least ``min_rounds`` rounds; ``types``: the dataset ``type`` values of the class."""
+
+    split: bool
+    min_rounds: int
+    types: tuple[str, ...]
+
+
+#: The question classes, the paper's central idea, in one table: each dataset ``type`` (HotpotQA, 2Wiki, MuSiQue,
+#: the synthetic world) belongs to one class, and the class says how it should be searched. ``hybrid`` is our
+#: addition to the paper's three classes: independent chains (2Wiki ``bridge_comparison``, the synthetic hybrids),
+#: decomposed *and* searched in at least two rounds. A missing type is single-hop (NQ, Bamboogle). The rewards,
+#: the gold episodes, the training mixes and the benchmarks ask this table; adding a class is one row.
+CLASS_RULES: dict[QuestionClass, ClassRule] = {
+    "parallelisable": ClassRule(split=True, min_rounds=1, types=("comparison",)),
+    "sequential": ClassRule(
+        split=False,
+        min_rounds=2,
+        types=("bridge", "compositional", "inference", "2hop", "3hop1", "3hop2", "4hop1", "4hop2", "4hop3"),
+    ),
+    "hybrid": ClassRule(split=True, min_rounds=2, types=("bridge_comparison", "hybrid")),
+    "single-hop": ClassRule(split=False, min_rounds=1, types=("single", "single-hop")),
+}
+QUESTION_CLASSES: tuple[QuestionClass, ...] = tuple(CLASS_RULES)
+#: Dataset ``type`` → question class.
+TYPE_CLASSES: dict[str, QuestionClass] = {t: name for name, rule in CLASS_RULES.items() for t in rule.types}
+KNOWN_TYPES = frozenset(TYPE_CLASSES)
+
+
+def question_class(question_type: str | None) -> QuestionClass:
+    """The class of a dataset ``type`` through ``TYPE_CLASSES``; none (or ``"none"``) is single-hop."""
+    if not question_type or question_type.lower() == "none":
+        return "single-hop"
+    try:
+        return TYPE_CLASSES[question_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown question type {question_type!r}: expected none (single-hop) or one of {sorted(TYPE_CLASSES)}"
+        ) from None
+
+
+def should_decompose(question_type: str | None) -> bool:
+    """Whether the right behaviour splits the question (its class's ``split``: parallelisable and hybrid)."""
+    return CLASS_RULES[question_class(question_type)].split
+
+
+def min_rounds(question_type: str | None) -> int:
+    """The fewest search rounds the question's class needs (two for chains)."""
+    return CLASS_RULES[question_class(question_type)].min_rounds
+
+
+def split_share(class_fractions: Mapping[str, float]) -> float:
+    """The share of a mix (class → fraction or count) whose classes should be split."""
+    total = sum(class_fractions.values())
+    split = sum(share for name, share in class_fractions.items() if CLASS_RULES[name].split)  # type: ignore[index]
+    return split / total if total else 0.0
 
 
 class DataError(ValueError):

@@ -19,7 +19,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from ps_agent.metrics import mean
-from ps_agent.rewards import COMPONENTS, QUESTION_CLASSES
+from ps_agent.questions import QUESTION_CLASSES
+from ps_agent.rewards import COMPONENTS
 from ps_agent.trajectories import read_trajectories
 from ps_agent.trajectories import summarise as summarise_rollouts
 

@@ -11,34 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from ps_agent.metrics import exact_match
 from ps_agent.protocol import is_well_formed_turn
+from ps_agent.questions import min_rounds, should_decompose, split_share
 
-QuestionClass = Literal["parallelisable", "sequential", "single-hop", "hybrid"]
-QUESTION_CLASSES: tuple[QuestionClass, ...] = ("parallelisable", "sequential", "hybrid", "single-hop")
 COMPONENTS = ("outcome", "decomposition", "search_count", "format")
-
-#: Dataset ``type`` → question class. ``hybrid`` is our addition to the paper's three classes: independent
-#: chains (2Wiki ``bridge_comparison``, the synthetic hybrids) that should be decomposed *and* searched in
-#: at least two rounds. A missing type is single-hop (NQ, Bamboogle).
-TYPE_CLASSES: dict[str, QuestionClass] = {
-    "comparison": "parallelisable",
-    "single": "single-hop",
-    "single-hop": "single-hop",
-    "bridge": "sequential",
-    "compositional": "sequential",
-    "inference": "sequential",
-    "2hop": "sequential",
-    "3hop1": "sequential",
-    "3hop2": "sequential",
-    "4hop1": "sequential",
-    "4hop2": "sequential",
-    "4hop3": "sequential",
-    "bridge_comparison": "hybrid",
-    "hybrid": "hybrid",
-}
 
 
 @dataclass(frozen=True)
@@ -52,23 +31,6 @@ class RewardWeights:
 
 
 DEFAULT_WEIGHTS = RewardWeights()
-
-
-def question_class(question_type: str | None) -> QuestionClass:
-    """The class of a dataset ``type`` through ``TYPE_CLASSES``; none (or ``"none"``) is single-hop."""
-    if not question_type or question_type.lower() == "none":
-        return "single-hop"
-    try:
-        return TYPE_CLASSES[question_type]
-    except KeyError:
-        raise ValueError(
-            f"unknown question type {question_type!r}: expected none (single-hop) or one of {sorted(TYPE_CLASSES)}"
-        ) from None
-
-
-def should_decompose(question_type: str | None) -> bool:
-    """Whether the right behaviour splits the question: parallelisable and hybrid questions."""
-    return question_class(question_type) in ("parallelisable", "hybrid")
 
 
 def forced(trajectory: Mapping[str, Any]) -> bool:
@@ -118,9 +80,9 @@ def decomposition_component(trajectory: Mapping[str, Any], question_type: str | 
 def search_count_component(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
     """r_s: one search round is ideal for parallelisable and single-hop questions, at least two for
     sequential and hybrid ones."""
-    n = len(trajectory["search_rounds"])
-    if question_class(question_type) in ("sequential", "hybrid"):
-        return -w.search_count * abs(min(n, 2) - 2)
+    n, need = len(trajectory["search_rounds"]), min_rounds(question_type)
+    if need > 1:  # a chain: fewer rounds than it needs costs, more do not
+        return -w.search_count * abs(min(n, need) - need)
     return -w.search_count * abs(n - 1)
 
 
@@ -209,6 +171,5 @@ def always_decompose_optimal(class_fractions: Mapping[str, float], weights: Rewa
     Always: α·λd·p, never: λd·(1 − p), with p the fraction that should be split (parallelisable + hybrid);
     always-decompose wins when α·p > 1 − p, i.e. p > 1 / (1 + α) (a quarter for the paper's α = 3).
     """
-    total = sum(class_fractions.values())
-    p = sum(v for k, v in class_fractions.items() if k in ("parallelisable", "hybrid")) / total
+    p = split_share(class_fractions)
     return weights.parallel_bonus * weights.decomposition * p > weights.decomposition * (1 - p) + 1e-12

@@ -3,7 +3,7 @@ TRL reward functions called as TRL calls them."""
 
 import pytest
 
-from ps_agent.questions import KNOWN_TYPES
+from ps_agent.questions import KNOWN_TYPES, question_class
 from ps_agent.rewards import (
     RewardWeights,
     always_decompose_optimal,
@@ -11,7 +11,6 @@ from ps_agent.rewards import (
     format_component,
     format_valid,
     outcome_component,
-    question_class,
     reward_components,
     reward_functions,
     search_count_component,

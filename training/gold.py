@@ -34,8 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import Completion, model_path, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
-from ps_agent.questions import read_split
-from ps_agent.rewards import question_class
+from ps_agent.questions import question_class, read_split
 from ps_agent.runner import run_sync
 from ps_agent.state import Segment
 from ps_agent.synthetic import generate
@@ -138,21 +137,22 @@ def _ordered_plan(record: dict[str, Any], steps: dict[str, dict], passages: dict
     qtype, question = record.get("type"), record["question"]
     named = [t for t in titles if _mentioned(t, question)]
     others = [t for t in titles if t not in named]
-    if qtype == "comparison":
-        return [[steps[t] for t in titles]] if len(titles) == 2 else "comparison without two supporting titles"
-    if qtype in ("bridge", "compositional", "inference"):
+    kind = question_class(qtype) if qtype else None
+    if qtype and qtype[0].isdigit() and qtype[1:4] == "hop":  # MuSiQue lists a chain's titles in hop order
+        return [[steps[t]] for t in titles]
+    if kind == "parallelisable":
+        return [[steps[t] for t in titles]] if len(titles) == 2 else f"{qtype} without two supporting titles"
+    if kind == "sequential":
         if len(titles) != 2:
             return f"{qtype} without two supporting titles"
         first = _first_hop(titles, question, passages, ids)
         if first is None:
             return "hop order not derivable (from the question or the passages)"
         return [[steps[first]], [steps[next(t for t in titles if t != first)]]]
-    if qtype == "bridge_comparison":
+    if kind == "hybrid":
         if len(titles) != 4 or len(named) != 2:
-            return "bridge_comparison without two named and two bridged titles"
+            return f"{qtype} without two named and two bridged titles"
         return [[steps[t] for t in named], [steps[t] for t in others]]
-    if qtype and qtype[0].isdigit() and qtype[1:4] == "hop":
-        return [[steps[t]] for t in titles]
     return f"no plan for type {qtype!r}"
 
 

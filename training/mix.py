@@ -48,8 +48,8 @@ from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model, model_path
 from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
-from ps_agent.questions import read_jsonl
-from ps_agent.rewards import QUESTION_CLASSES, forced, question_class
+from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
+from ps_agent.rewards import forced
 from training.gold import SHARED_SETS, TRAIN_SEEDS, gold_questions
 from training.rollout import RolloutSettings, run_agents
 

@@ -30,13 +30,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
-from ps_agent.rewards import (
-    QUESTION_CLASSES,
-    RewardWeights,
-    always_decompose_optimal,
-    question_class,
-    reward_functions,
-)
+from ps_agent.questions import QUESTION_CLASSES, question_class, split_share
+from ps_agent.rewards import RewardWeights, always_decompose_optimal, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
@@ -135,7 +130,7 @@ def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0
     ``None``: the paper's α, or 0.8 × the break-even (1 − p)/p where that is lower; an explicit α that
     breaks the rule is refused."""
     fractions = class_fractions(rows)
-    split = fractions["parallelisable"] + fractions["hybrid"]
+    split = split_share(fractions)
     logger.info("training mix: %s", ", ".join(f"{c} {100 * f:.0f}%" for c, f in fractions.items()))
     break_even = (1 - split) / split if split else float("inf")
     if alpha is None:
