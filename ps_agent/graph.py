@@ -11,40 +11,24 @@ token-exact) or ``tools`` (native tool calling: the ``search`` calls of one mess
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol
+from dataclasses import fields
+from typing import Any
 
-from langchain_core.messages import HumanMessage, ToolMessage, get_buffer_string
 from langchain_core.runnables import Runnable
-from langgraph._internal._runnable import RunnableCallable  # LangGraph's node wrapper: a sync and an async function
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from ps_agent.configuration import AgentConfig
 from ps_agent.context import Context
-from ps_agent.llms import Completion, token_cap
+from ps_agent.policy_protocols import PROTOCOLS, Turn
 from ps_agent.protocol import (
-    FORCED_ANSWER_PROMPT,
-    INVALID_ACTION_MESSAGE,
-    STOP_SEQUENCES,
-    TOOLS_PARALLEL_HINT,
-    TOOLS_PROMPT,
-    TOOLS_SEQUENTIAL_HINT,
     SubQueryObservation,
-    neutralise,
-    parse_action,
-    parse_forced_answer,
-    render_chat_prompt,
-    render_information,
-    render_prompt,
 )
 from ps_agent.retrieval import resilient_search
-from ps_agent.runner import run_sync
+from ps_agent.runner import graph_node
 from ps_agent.state import (
     AgentState,
     InputState,
@@ -53,7 +37,6 @@ from ps_agent.state import (
     PendingRound,
     SearchRound,
     SearchTask,
-    Segment,
     SubQueryResult,
     stats_of,
     trajectory_of,
@@ -61,21 +44,6 @@ from ps_agent.state import (
 from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
-
-SEARCH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Search the knowledge corpus; returns the top passages for the query.",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "one self-contained search query"}},
-            "required": ["query"],
-        },
-    },
-}
-TOOLS_INVALID_MESSAGE = "Your previous message had neither a search tool call nor an answer. Try again."
-TOOLS_FORCED_MESSAGE = "You have used all your searches. Reply now with the final answer only, as a short phrase."
 
 
 class AgentError(RuntimeError):
@@ -85,148 +53,6 @@ class AgentError(RuntimeError):
         super().__init__(message)
         self.trajectory = trajectory
         self.stats = stats
-
-
-# --- the two policy protocols behind one interface ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What one model turn wrote (``update``: its transcript segments or messages) and what it asked for."""
-
-    completion: Completion
-    action: Literal["search", "answer", "invalid", "forced_answer"]
-    update: dict[str, Any]
-    answer: str | None = None
-    sub_queries: list[str] = field(default_factory=list)
-    tool_call_ids: list[str] = field(default_factory=list)
-    error: str | None = None
-
-
-class PolicyProtocol(Protocol):
-    """How the agent talks to its model: the prompt, one turn, and what the model reads back."""
-
-    def load(self, context: Context) -> object:
-        """The model this protocol calls, resolved (and loaded: a first call may take seconds)."""
-
-    def start(self, question: str, context: Context) -> dict[str, Any]:
-        """The prompt of a run, as state."""
-
-    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
-        """One model turn; ``forced``: the last one, which must answer."""
-
-    def retry(self) -> dict[str, Any]:
-        """What the model reads after an invalid turn."""
-
-    def observation(
-        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
-    ) -> dict[str, Any]:
-        """What the model reads after a search round."""
-
-
-def _env(text: str) -> Segment:
-    return {"role": "env", "text": text, "token_ids": None}
-
-
-class TagsProtocol:
-    """Search-R1's text protocol: ``<search>``/``<answer>`` in the text of a ``TextPolicy`` (token ids kept)."""
-
-    def load(self, context: Context) -> object:
-        return context.policy
-
-    def start(self, question: str, context: Context) -> dict[str, Any]:
-        return {
-            "prompt": render_prompt(question, context.mode),
-            "prompt_messages": render_chat_prompt(question, context.mode, context.demonstration),
-        }
-
-    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
-        new = [_env(FORCED_ANSWER_PROMPT)] if forced else []
-        completion = await context.policy.acomplete(
-            state["prompt_messages"],
-            state.get("transcript", []) + new,
-            stop=["</answer>"] if forced else list(STOP_SEQUENCES),
-            max_tokens=context.max_new_tokens,
-        )
-        update = {"transcript": [*new, Segment(role="model", text=completion.text, token_ids=completion.token_ids)]}
-        if forced:
-            return Turn(completion, "forced_answer", update, answer=parse_forced_answer(completion.text))
-        action = parse_action(completion.text, context.mode)
-        answer = action.content if action.kind == "answer" else None
-        return Turn(completion, action.kind, update, answer, sub_queries=list(action.sub_queries), error=action.error)
-
-    def retry(self) -> dict[str, Any]:
-        return {"transcript": [_env(INVALID_ACTION_MESSAGE)]}
-
-    def observation(
-        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
-    ) -> dict[str, Any]:
-        note = None
-        if pending["capped_from"]:
-            note = (
-                f"Only the first {context.max_parallel} of {pending['capped_from']} sub-queries were searched "
-                f"(max_parallel={context.max_parallel})."
-            )
-        return {"transcript": [_env(render_information(list(results.values()), note))]}
-
-
-class ToolsProtocol:
-    """Native tool calling: a chat model calls the ``search`` tool, once per sub-query, in one message."""
-
-    def load(self, context: Context) -> object:
-        return context.chat_model
-
-    def start(self, question: str, context: Context) -> dict[str, Any]:
-        hint = TOOLS_PARALLEL_HINT if context.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
-        prompt = TOOLS_PROMPT.format(parallel_hint=hint, question=neutralise(question))
-        return {"prompt": prompt, "messages": [HumanMessage(prompt)]}
-
-    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
-        model = context.chat_model
-        new = [HumanMessage(TOOLS_FORCED_MESSAGE)] if forced else []
-        runnable = model if forced else model.bind_tools([SEARCH_TOOL])
-        reply = await runnable.ainvoke(state["messages"] + new, **token_cap(model, context.max_new_tokens))
-        usage = reply.usage_metadata or {}
-        completion = Completion(
-            text=reply.text + "".join(json.dumps(call["args"]) for call in reply.tool_calls),
-            prompt_text=get_buffer_string(state["messages"]),
-            prompt_tokens=usage.get("input_tokens"),
-            completion_tokens=usage.get("output_tokens"),
-            finish_reason=reply.response_metadata.get("finish_reason"),
-        )
-        update = {"messages": [*new, reply]}
-        if reply.tool_calls and not forced:
-            queries = [str(call["args"].get("query", "")).strip() for call in reply.tool_calls]
-            ids = [call["id"] for call in reply.tool_calls]
-            return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids)
-        if reply.text.strip():
-            action = "forced_answer" if forced else "answer"
-            return Turn(completion, action, update, answer=parse_forced_answer(reply.text))
-        if forced:
-            return Turn(completion, "forced_answer", update, answer="", error="empty final answer")
-        return Turn(completion, "invalid", update, error="no tool call and no answer")
-
-    def retry(self) -> dict[str, Any]:
-        return {"messages": [HumanMessage(TOOLS_INVALID_MESSAGE)]}
-
-    def observation(
-        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
-    ) -> dict[str, Any]:
-        calls = zip(pending["sub_queries"], pending["tool_call_ids"], strict=True)
-        return {"messages": [ToolMessage(self._result(q, results, context), tool_call_id=i) for q, i in calls]}
-
-    @staticmethod
-    def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
-        if not query:
-            return "Search failed: empty query."
-        if query not in results:
-            if context.mode == "sequential":
-                return "Not searched: one search per turn in sequential mode."
-            return f"Not searched: at most {context.max_parallel} searches per round (max_parallel)."
-        return render_information([results[query]]).strip()
-
-
-PROTOCOLS: dict[str, PolicyProtocol] = {"tags": TagsProtocol(), "tools": ToolsProtocol()}
 
 
 # --- the nodes ----------------------------------------------------------------------------------
@@ -383,34 +209,16 @@ async def finish(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]
 # --- the wiring ---------------------------------------------------------------------------------
 
 
-def _node(afunc: Callable[[Any, Runtime[Context]], Awaitable[dict[str, Any]]], defaults: Context) -> RunnableCallable:
-    """``afunc`` as a node that also runs under the graph's sync ``invoke``/``stream`` (on the shared loop,
-    ``run_sync``), wrapped as LangGraph wraps a function node (its runtime injected, no trace run of its own:
-    a ``RunnableLambda`` costs ~1 ms more per turn); a run given no context runs on ``defaults``, as Studio's
-    runs with no settings do."""
-
-    def given(runtime: Runtime[Context]) -> Runtime[Context]:
-        return runtime if runtime.context is not None else runtime.override(context=defaults)
-
-    async def acall(state: Any, runtime: Runtime[Context]) -> dict[str, Any]:
-        return await afunc(state, given(runtime))
-
-    def call(state: Any, runtime: Runtime[Context]) -> dict[str, Any]:
-        return run_sync(afunc(state, given(runtime)))
-
-    return RunnableCallable(call, acall, name=afunc.__name__, trace=False)
-
-
 def compile_graph(context_schema: type[Context] = Context, name: str = "parallel_search") -> Any:
     """The graph on ``context_schema``: ``Context`` (any spec, for trusted code) or a served graph's context,
     which takes only the names its operator allowed (``ps_agent.serving``)."""
     defaults = context_schema()
     builder = StateGraph(AgentState, context_schema=context_schema, input_schema=InputState, output_schema=OutputState)
-    builder.add_node(_node(prepare, defaults))
-    builder.add_node(_node(think, defaults))
-    builder.add_node(_node(search, defaults), input_schema=SearchTask)
-    builder.add_node(_node(observe, defaults))
-    builder.add_node(_node(finish, defaults))
+    builder.add_node(graph_node(prepare, defaults))
+    builder.add_node(graph_node(think, defaults))
+    builder.add_node(graph_node(search, defaults), input_schema=SearchTask)
+    builder.add_node(graph_node(observe, defaults))
+    builder.add_node(graph_node(finish, defaults))
     builder.add_edge(START, "prepare")
     builder.add_edge("prepare", "think")
     builder.add_conditional_edges("think", route, ["search", "observe", "finish"])

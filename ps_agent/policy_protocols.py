@@ -1,0 +1,187 @@
+"""The two policy protocols behind one interface: how the agent talks to its model.
+
+``tags`` is Search-R1's text protocol (``<search> a ## b </search>`` in a ``TextPolicy``'s text, token ids kept);
+``tools`` is native tool calling (a chat model's ``search`` calls of one message are one round). The graph's
+``think`` and ``observe`` nodes call the protocol the context names, through ``PROTOCOLS``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from langchain_core.messages import HumanMessage, ToolMessage, get_buffer_string
+
+from ps_agent.context import Context
+from ps_agent.llms import Completion, token_cap
+from ps_agent.protocol import (
+    FORCED_ANSWER_PROMPT,
+    INVALID_ACTION_MESSAGE,
+    STOP_SEQUENCES,
+    TOOLS_PARALLEL_HINT,
+    TOOLS_PROMPT,
+    TOOLS_SEQUENTIAL_HINT,
+    SubQueryObservation,
+    neutralise,
+    parse_action,
+    parse_forced_answer,
+    render_chat_prompt,
+    render_information,
+    render_prompt,
+)
+from ps_agent.state import AgentState, PendingRound, Segment
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the knowledge corpus; returns the top passages for the query.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "one self-contained search query"}},
+            "required": ["query"],
+        },
+    },
+}
+TOOLS_INVALID_MESSAGE = "Your previous message had neither a search tool call nor an answer. Try again."
+TOOLS_FORCED_MESSAGE = "You have used all your searches. Reply now with the final answer only, as a short phrase."
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one model turn wrote (``update``: its transcript segments or messages) and what it asked for."""
+
+    completion: Completion
+    action: Literal["search", "answer", "invalid", "forced_answer"]
+    update: dict[str, Any]
+    answer: str | None = None
+    sub_queries: list[str] = field(default_factory=list)
+    tool_call_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class PolicyProtocol(Protocol):
+    """How the agent talks to its model: the prompt, one turn, and what the model reads back."""
+
+    def load(self, context: Context) -> object:
+        """The model this protocol calls, resolved (and loaded: a first call may take seconds)."""
+
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        """The prompt of a run, as state."""
+
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        """One model turn; ``forced``: the last one, which must answer."""
+
+    def retry(self) -> dict[str, Any]:
+        """What the model reads after an invalid turn."""
+
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        """What the model reads after a search round."""
+
+
+def _env(text: str) -> Segment:
+    return {"role": "env", "text": text, "token_ids": None}
+
+
+class TagsProtocol:
+    """Search-R1's text protocol: ``<search>``/``<answer>`` in the text of a ``TextPolicy`` (token ids kept)."""
+
+    def load(self, context: Context) -> object:
+        return context.policy
+
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        return {
+            "prompt": render_prompt(question, context.mode),
+            "prompt_messages": render_chat_prompt(question, context.mode, context.demonstration),
+        }
+
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        new = [_env(FORCED_ANSWER_PROMPT)] if forced else []
+        completion = await context.policy.acomplete(
+            state["prompt_messages"],
+            state.get("transcript", []) + new,
+            stop=["</answer>"] if forced else list(STOP_SEQUENCES),
+            max_tokens=context.max_new_tokens,
+        )
+        update = {"transcript": [*new, Segment(role="model", text=completion.text, token_ids=completion.token_ids)]}
+        if forced:
+            return Turn(completion, "forced_answer", update, answer=parse_forced_answer(completion.text))
+        action = parse_action(completion.text, context.mode)
+        answer = action.content if action.kind == "answer" else None
+        return Turn(completion, action.kind, update, answer, sub_queries=list(action.sub_queries), error=action.error)
+
+    def retry(self) -> dict[str, Any]:
+        return {"transcript": [_env(INVALID_ACTION_MESSAGE)]}
+
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        note = None
+        if pending["capped_from"]:
+            note = (
+                f"Only the first {context.max_parallel} of {pending['capped_from']} sub-queries were searched "
+                f"(max_parallel={context.max_parallel})."
+            )
+        return {"transcript": [_env(render_information(list(results.values()), note))]}
+
+
+class ToolsProtocol:
+    """Native tool calling: a chat model calls the ``search`` tool, once per sub-query, in one message."""
+
+    def load(self, context: Context) -> object:
+        return context.chat_model
+
+    def start(self, question: str, context: Context) -> dict[str, Any]:
+        hint = TOOLS_PARALLEL_HINT if context.mode == "parallel" else TOOLS_SEQUENTIAL_HINT
+        prompt = TOOLS_PROMPT.format(parallel_hint=hint, question=neutralise(question))
+        return {"prompt": prompt, "messages": [HumanMessage(prompt)]}
+
+    async def think(self, state: AgentState, context: Context, forced: bool) -> Turn:
+        model = context.chat_model
+        new = [HumanMessage(TOOLS_FORCED_MESSAGE)] if forced else []
+        runnable = model if forced else model.bind_tools([SEARCH_TOOL])
+        reply = await runnable.ainvoke(state["messages"] + new, **token_cap(model, context.max_new_tokens))
+        usage = reply.usage_metadata or {}
+        completion = Completion(
+            text=reply.text + "".join(json.dumps(call["args"]) for call in reply.tool_calls),
+            prompt_text=get_buffer_string(state["messages"]),
+            prompt_tokens=usage.get("input_tokens"),
+            completion_tokens=usage.get("output_tokens"),
+            finish_reason=reply.response_metadata.get("finish_reason"),
+        )
+        update = {"messages": [*new, reply]}
+        if reply.tool_calls and not forced:
+            queries = [str(call["args"].get("query", "")).strip() for call in reply.tool_calls]
+            ids = [call["id"] for call in reply.tool_calls]
+            return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids)
+        if reply.text.strip():
+            action = "forced_answer" if forced else "answer"
+            return Turn(completion, action, update, answer=parse_forced_answer(reply.text))
+        if forced:
+            return Turn(completion, "forced_answer", update, answer="", error="empty final answer")
+        return Turn(completion, "invalid", update, error="no tool call and no answer")
+
+    def retry(self) -> dict[str, Any]:
+        return {"messages": [HumanMessage(TOOLS_INVALID_MESSAGE)]}
+
+    def observation(
+        self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
+    ) -> dict[str, Any]:
+        calls = zip(pending["sub_queries"], pending["tool_call_ids"], strict=True)
+        return {"messages": [ToolMessage(self._result(q, results, context), tool_call_id=i) for q, i in calls]}
+
+    @staticmethod
+    def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
+        if not query:
+            return "Search failed: empty query."
+        if query not in results:
+            if context.mode == "sequential":
+                return "Not searched: one search per turn in sequential mode."
+            return f"Not searched: at most {context.max_parallel} searches per round (max_parallel)."
+        return render_information([results[query]]).strip()
+
+
+PROTOCOLS: dict[str, PolicyProtocol] = {"tags": TagsProtocol(), "tools": ToolsProtocol()}
