@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
+from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
+from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
 from ps_agent.metrics import behaviour, mean  # noqa: E402
 from ps_agent.questions import QUESTION_CLASSES, read_split  # noqa: E402

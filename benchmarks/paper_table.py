@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ps_agent.eval import read_results
+from ps_agent.eval_report import read_results
 from ps_agent.questions import QUESTION_CLASSES
 
 

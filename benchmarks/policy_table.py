@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import paper_table  # noqa: E402
 from learning import HELD_OUT_SEED, SHARED  # noqa: E402
 
-from ps_agent.eval import EvalSettings, evaluate, read_results  # noqa: E402
+from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
+from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import question_class, read_split  # noqa: E402

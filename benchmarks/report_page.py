@@ -32,7 +32,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from ps_agent.eval import EvalSettings, dataset_name, evaluate, html_report, read_results
+from ps_agent.eval import EvalSettings, dataset_name, evaluate
+from ps_agent.eval_report import html_report, read_results
 from ps_agent.questions import question_class, read_jsonl
 from ps_agent.trajectories import TrajectoryLog
 

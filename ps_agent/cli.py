@@ -288,7 +288,7 @@ def report(
     """Write RUN_DIR/report.html: tables, plots and every trajectory, one file that works offline."""
     import webbrowser
 
-    from ps_agent.eval import html_report
+    from ps_agent.eval_report import html_report
     from ps_agent.report import training_report
 
     with user_errors():

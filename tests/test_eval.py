@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ps_agent.eval import EvalFailed, EvalSettings, evaluate, report
+from ps_agent.eval import EvalFailed, EvalSettings, evaluate
+from ps_agent.eval_report import report
 from ps_agent.synthetic import GoldPlanPolicy, generate
 
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ps_agent.eval import EvalSettings, evaluate, read_results
+from ps_agent.eval import EvalSettings, evaluate
+from ps_agent.eval_report import read_results
 from ps_agent.report import script_json, training_report
 from ps_agent.synthetic import GoldPlanPolicy, generate
 
