@@ -55,9 +55,9 @@ from langchain_core.messages import AIMessage  # noqa: E402
 
 from ps_agent import ParallelSearchAgent, Passage  # noqa: E402
 from ps_agent.eval import dataset_name  # noqa: E402
+from ps_agent.processes import free_port, served  # noqa: E402
 from ps_agent.protocol import close_action, parse_action  # noqa: E402
-from tests.conftest import free_port, served  # noqa: E402
-from tests.doubles import OpenAIChatDouble, SleepyRetriever, ToolCallingFakeChatModel  # noqa: E402
+from ps_agent.testing import OpenAIChatDouble, SleepyRetriever, ToolCallingFakeChatModel  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PYTHON = sys.executable
@@ -800,7 +800,7 @@ EVAL_CHILD = """
 import asyncio, sys
 from ps_agent.eval import EvalSettings, evaluate
 from ps_agent.llms import Completion
-from tests.doubles import SleepyRetriever
+from ps_agent.testing import SleepyRetriever
 
 class TwoTurnPolicyDouble:  # benchmark double: search two sub-queries, then answer
     async def acomplete(self, prompt, transcript, *, stop, max_tokens):

@@ -39,10 +39,10 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ps_agent.cache import cache_dir  # noqa: E402
+from ps_agent.processes import served  # noqa: E402
 from ps_agent.retrieval.dense import HybridRetriever  # noqa: E402
 from ps_agent.retrieval.encoders import load_encoder  # noqa: E402
 from ps_agent.retrieval.index import build_index, load_index  # noqa: E402
-from tests.conftest import served  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")

@@ -54,7 +54,7 @@ def test_ask_prints_untrusted_text_as_text(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     from ps_agent.cli import app
-    from tests.doubles import OpenAIChatDouble
+    from ps_agent.testing import OpenAIChatDouble
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "1", "contents": '"[/b] Paris [red]"\nThe capital of France.'}) + "\n")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ps_agent import ParallelSearchAgent
+from ps_agent.processes import free_port, served
 from ps_agent.retrieval.corpus import load_embedded_corpus
 from ps_agent.retrieval.index import build_index
-from tests.conftest import free_port, served
 
 QUESTIONS = [
     "Which is older, the Eiffel Tower or the Statue of Liberty?",

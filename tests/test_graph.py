@@ -14,7 +14,7 @@ from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.context import Context
 from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
-from tests.doubles import InFlightRetriever, SleepyRetriever, scripted_llm
+from ps_agent.testing import InFlightRetriever, SleepyRetriever, scripted_llm
 
 FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </search>"
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"

@@ -35,9 +35,9 @@ from ps_agent.llms import (
     resolve_text_policy,
     transcript_messages,
 )
+from ps_agent.processes import free_port
 from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_chat_prompt, render_information
-from tests.conftest import free_port
-from tests.doubles import DroppingCompletionsDouble
+from ps_agent.testing import DroppingCompletionsDouble
 
 QUESTION = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 

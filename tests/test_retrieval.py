@@ -14,7 +14,7 @@ from ps_agent.retrieval import BM25Retriever, CorpusError, Passage, bm25_for_cor
 from ps_agent.retrieval.corpus import load_embedded_corpus
 from ps_agent.retrieval.http import RetrievalRejected
 from ps_agent.retrieval.store import load_jsonl_corpus
-from tests.doubles import SleepyRetriever
+from ps_agent.testing import SleepyRetriever
 
 DOCS = {
     "Eiffel Tower": "The Eiffel Tower is a wrought-iron lattice tower in Paris, completed in 1889.",

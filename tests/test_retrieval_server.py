@@ -15,13 +15,13 @@ import pytest
 import uvicorn
 
 from ps_agent import ParallelSearchAgent
+from ps_agent.processes import free_port, served
 from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.http import HTTPRetriever, RetrievalRejected
 from ps_agent.retrieval.index import build_index
 from ps_agent.retrieval.limits import protocol_for
 from ps_agent.retrieval.server import ServerLimits, create_app
-from tests.conftest import free_port, served
-from tests.doubles import scripted_llm
+from ps_agent.testing import scripted_llm
 from tests.test_retrieval import DOCS
 
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from ps_agent import ParallelSearchAgent
 from ps_agent.cli import app
 from ps_agent.runner import run_sync, shared_loop
-from tests.doubles import OpenAIChatDouble, SleepyRetriever
+from ps_agent.testing import OpenAIChatDouble, SleepyRetriever
 from tests.test_retrieval_server import corpus, retrieval_server  # noqa: F401 (corpus is a fixture)
 
 who = contextvars.ContextVar("who", default="nobody")

@@ -13,7 +13,7 @@ from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.llms import EMBEDDED_SPECS
 from ps_agent.retrieval import resilient_search
 from ps_agent.serving import ChoiceError, Choices, served_context, served_graph
-from tests.doubles import SleepyRetriever, scripted_llm
+from ps_agent.testing import SleepyRetriever, scripted_llm
 
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 

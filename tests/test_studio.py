@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ps_agent import AgentConfig
-from tests.conftest import free_port, served
+from ps_agent.processes import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
 

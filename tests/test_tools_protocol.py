@@ -3,7 +3,7 @@
 from langchain_core.messages import AIMessage, ToolMessage
 
 from ps_agent import ParallelSearchAgent
-from tests.doubles import InFlightRetriever, SleepyRetriever, ToolCallingFakeChatModel, tool_calls
+from ps_agent.testing import InFlightRetriever, SleepyRetriever, ToolCallingFakeChatModel, tool_calls
 
 
 def chat(*messages):

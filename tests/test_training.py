@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from ps_agent.testing import SleepyRetriever
 from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise
-from tests.doubles import SleepyRetriever
 from training.data import DataError, load_questions, read_jsonl, to_row
 from training.rollout import AgentRollout, RolloutSettings, token_sequences
 
@@ -563,7 +563,7 @@ def lockstep_rank(tokenizer_path: str, out_dir: str) -> None:
     from transformers import AutoTokenizer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from ps_agent.llms.trl_vllm import TRLVLLMPolicy
+    from training.trl_vllm import TRLVLLMPolicy
 
     state = PartialState(cpu=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)

@@ -32,12 +32,12 @@ import torch
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
-from ps_agent.llms.trl_vllm import TRLVLLMPolicy
 from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
 from ps_agent.metrics import mean
 from ps_agent.questions import question_class
 from ps_agent.rewards import RewardWeights, decomposed, format_valid, reward_components
 from ps_agent.trajectories import TrajectoryLog, summarise, timeline_of
+from training.trl_vllm import TRLVLLMPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from ps_agent.cache import cache_dir
+from ps_agent.processes import free_port, stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,6 @@ class VLLMUnavailable(RuntimeError):
 
 class VLLMServerDied(RuntimeError):
     """The server process exited while it was being used."""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_python(venv: Path | None = None) -> Path:
@@ -80,17 +73,6 @@ def _terminated_with_parent() -> None:
     """In the child, before exec: SIGTERM when the parent dies (even by SIGKILL or the OOM killer), so a server
     never outlives the run that started it (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
     _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 30) -> None:
-    """Terminate ``process``, then kill it if it has not exited after ``timeout_s``."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def model_window(model: str | Path, default: int = 4096) -> int:

@@ -1,4 +1,6 @@
-"""Test doubles (named as such): scripted policies and retrievers with controllable latency and faults."""
+"""Test doubles, named as such: scripted policies, retrievers with controllable latency and faults, and
+OpenAI-compatible servers on 127.0.0.1 that misbehave on purpose. For unit tests and benchmarks of code built
+on this package (like LangChain's ``langchain_core.language_models.fake``); never used by the agent itself."""
 
 from __future__ import annotations
 
