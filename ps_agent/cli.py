@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -15,6 +16,7 @@ import httpx
 import typer
 from rich.text import Text
 
+from ps_agent.configuration import BOUNDS, AgentConfig
 from ps_agent.display import console, errors, plain, print_rollouts, print_trace
 from ps_agent.graph import AgentError
 from ps_agent.llms import EMBEDDED_MODEL
@@ -31,6 +33,17 @@ def user_errors() -> Iterator[None]:
     except (ValueError, TypeError, OSError, AgentError, httpx.HTTPError) as exc:
         errors.print(Text.assemble(("error: ", "red"), plain(exc)))
         raise typer.Exit(2) from exc
+
+
+_SETTINGS = {f.name: f for f in fields(AgentConfig)}
+
+
+def setting(name: str) -> str:
+    """An ``AgentConfig`` field's description and range, as an option's help: the options' defaults and help
+    come from the one settings object, so the CLI cannot drift from the agent."""
+    low_high = BOUNDS.get(name)
+    bounds = f" ({low_high[0]:g} to {low_high[1]:g})" if low_high else ""
+    return str(_SETTINGS[name].metadata["description"]) + bounds
 
 
 LLM_HELP = (
@@ -56,19 +69,12 @@ def ask(
     corpus: Annotated[
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
-    mode: Annotated[
-        Literal["parallel", "sequential"],
-        typer.Option(help="parallel (##-separated sub-queries) or sequential (Search-R1)."),
-    ] = "parallel",
-    protocol: Annotated[
-        Literal["tags", "tools"], typer.Option(help="tags (text protocol) or tools (native tool calling).")
-    ] = "tags",
-    max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
-    topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn (passed to every kind of model).")] = 256,
-    demonstration: Annotated[
-        bool, typer.Option(help="Put a one-shot demonstration before the prompt (helps small untrained models).")
-    ] = False,
+    mode: Annotated[Literal["parallel", "sequential"], typer.Option(help=setting("mode"))] = AgentConfig.mode,
+    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=setting("protocol"))] = AgentConfig.protocol,
+    max_turns: Annotated[int, typer.Option(help=setting("max_turns"))] = AgentConfig.max_turns,
+    topk: Annotated[int, typer.Option(help=setting("topk"))] = AgentConfig.topk,
+    max_new_tokens: Annotated[int, typer.Option(help=setting("max_new_tokens"))] = AgentConfig.max_new_tokens,
+    demonstration: Annotated[bool, typer.Option(help=setting("demonstration"))] = AgentConfig.demonstration,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
     """Answer QUESTION and show the trace: each turn, its parallel sub-queries and what they found."""
@@ -114,10 +120,11 @@ def eval_command(
     ] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
-    max_turns: Annotated[int, typer.Option(help="Turns that may search before a forced answer.")] = 4,
-    topk: Annotated[int, typer.Option(help="Passages per sub-query.")] = 3,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per turn.")] = 256,
-    demonstration: Annotated[bool, typer.Option(help="One-shot demonstration before the prompt.")] = False,
+    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=setting("protocol"))] = AgentConfig.protocol,
+    max_turns: Annotated[int, typer.Option(help=setting("max_turns"))] = AgentConfig.max_turns,
+    topk: Annotated[int, typer.Option(help=setting("topk"))] = AgentConfig.topk,
+    max_new_tokens: Annotated[int, typer.Option(help=setting("max_new_tokens"))] = AgentConfig.max_new_tokens,
+    demonstration: Annotated[bool, typer.Option(help=setting("demonstration"))] = AgentConfig.demonstration,
     strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
     weights: Annotated[
         list[Path] | None,
@@ -147,6 +154,7 @@ def eval_command(
             strict=strict,
             weights=weights or (),
             agent={
+                "protocol": protocol,
                 "max_turns": max_turns,
                 "topk": topk,
                 "max_new_tokens": max_new_tokens,

@@ -117,3 +117,18 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
     assert re.search(r"split − whole/parallelisable \(n=1\) *│ *\+0\.500", result.output), result.output
     assert "Older: [b]A[/b] or \\x1b[2JB?" in result.output and "'[/red] A'" in result.output
     assert "search: [/i] A ## B" in result.output and "\x1b" not in result.output
+
+
+def test_ask_and_eval_take_their_settings_and_defaults_from_agent_config():
+    """Issue 28: the CLI declared the settings again, and `eval` had no --protocol."""
+    import typer.main
+
+    from ps_agent.cli import app
+    from ps_agent.configuration import AgentConfig
+
+    commands = typer.main.get_command(app).commands
+    defaults = AgentConfig()
+    for command in ("ask", "eval"):
+        options = {p.name: p for p in commands[command].params if p.param_type_name == "option"}
+        for name in ("protocol", "max_turns", "topk", "max_new_tokens", "demonstration"):
+            assert options[name].default == getattr(defaults, name), (command, name)
