@@ -10,6 +10,7 @@ records what the answers came from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -71,6 +72,10 @@ class EvalSettings:
         missing = [str(path) for path in self.weights if not Path(path).is_file()]
         if missing:
             raise ValueError(f"weights must name the model's weight files on this machine: no such file {missing}")
+
+
+class WriteFailed(OSError):
+    """A result line could not be written: the run stops, keeping every line written before."""
 
 
 class EvalFailed(ValueError):
@@ -200,6 +205,8 @@ async def _evaluate_one(
         try:
             record = result_record(row, dataset, mode, await agent.ainvoke({"question": row["prompt"]}))
             log.append(record)  # a ValueError here (an answer with a lone surrogate) wrote nothing
+        except OSError as exc:  # the results file cannot be written (a full disk): nothing more can be kept
+            raise WriteFailed(f"cannot write {log.path}: {exc.strerror or exc}") from exc
         except Exception as exc:
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)
             record = error_record(row, dataset, mode, exc, time.time() - started)
@@ -231,7 +238,16 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     with writing_to(out_dir):
         check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
-        run_sync(run_all())  # also from Jupyter, whose event loop is already running
+        try:
+            run_sync(run_all())  # also from Jupyter, whose event loop is already running
+        except WriteFailed as exc:
+            kept = len(read_records(sorted((out_dir / "results").glob("*.jsonl"))))
+            with contextlib.suppress(OSError, ValueError):  # the report too may not fit: the answers are kept
+                report(out_dir, problems)
+            raise EvalFailed(
+                f"{exc}; the {kept} result lines written so far are whole and kept (the report of them, if it fit, "
+                f"is in {out_dir / 'report.md'}): free some space and run the same command again, it resumes"
+            ) from exc
         summary = report(out_dir, problems)
     failed = [r for r in written if r["error"] is not None]
     if written and len(failed) == len(written):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,11 +26,19 @@ class TrajectoryLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line, whole or not at all: a write that fails part-way (a full disk) is cut
+        back to where it began, and the ``OSError`` raised."""
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, f"only part of a line could be written to {self.path}")
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
         finally:
             os.close(fd)
 

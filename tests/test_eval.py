@@ -351,3 +351,32 @@ def test_a_second_eval_into_a_folder_being_written_is_refused(synthetic, tmp_pat
 def test_weights_that_name_no_files_are_refused(weights, message):
     with pytest.raises(ValueError, match=message):
         EvalSettings(llm=None, weights=weights)
+
+
+def test_a_full_disk_ends_the_eval_with_what_was_written_whole_and_the_rerun_resumes(synthetic, tmp_path, monkeypatch):
+    """Issue 27: a full disk left a torn line and no report. Test double: ``os.write`` of the results file fails
+    part-way with ENOSPC after two lines, as a full disk does."""
+    import errno
+    import os
+
+    corpus, questions, rows = synthetic
+    real_write, written = os.write, []
+
+    def full_disk_write(fd, data):
+        if data.startswith(b'{"id"'):  # a result line
+            if len(written) >= 2:
+                real_write(fd, data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written.append(data)
+        return real_write(fd, data)
+
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=5,
+                            concurrency=1)  # fmt: skip
+    monkeypatch.setattr(os, "write", full_disk_write)
+    with pytest.raises(EvalFailed, match=r"No space left on device; the 2 result lines written so far are whole"):
+        evaluate([questions], tmp_path / "out", settings)
+    monkeypatch.setattr(os, "write", real_write)
+    results = tmp_path / "out" / "results" / "synth.parallel.jsonl"
+    assert [json.loads(line)["error"] for line in results.read_text().splitlines()] == [None, None]  # no torn line
+    summary = evaluate([questions], tmp_path / "out", settings)  # space again: the rerun runs the other three
+    assert summary["overall"]["parallel"]["n"] == 5 and len(results.read_text().splitlines()) == 5
