@@ -218,7 +218,9 @@ def slow_connections(url: str, count: int) -> Case:
                 if len(writers) < count:
                     try:
                         _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                        writer.write(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")
+                        head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                        body_never_finished = len(writers) % 2  # half finish their headers, then send 1 byte
+                        writer.write(head + (b"\r\n{" if body_never_finished else b""))
                         writers.append(writer)
                     except OSError:
                         await asyncio.sleep(0.05)

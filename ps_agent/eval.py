@@ -153,7 +153,9 @@ def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseExceptio
 def finished_ids(path: Path) -> set[str]:
     """Ids whose latest line in a results file ran without error; an errored question (an outage, a path
     since fixed) and a torn last line run again."""
-    latest = {record["id"]: record for record in read_records([path])} if path.is_file() else {}
+    latest = (
+        {record["id"]: record for record in read_records([path], required=("id", "error"))} if path.is_file() else {}
+    )
     return {question_id for question_id, record in latest.items() if record["error"] is None}
 
 
@@ -184,10 +186,16 @@ async def _evaluate_file(
         end_torn_line(results)
         log = TrajectoryLog(results)
         gate = asyncio.Semaphore(settings.concurrency)
-        jobs = (_evaluate_one(agent, row, dataset, mode, gate, log) for row in todo)
-        for finished in asyncio.as_completed(list(jobs)):
-            written.append(await finished)
-            progress.advance(task)
+        jobs = [asyncio.ensure_future(_evaluate_one(agent, row, dataset, mode, gate, log)) for row in todo]
+        try:
+            for finished in asyncio.as_completed(jobs):
+                written.append(await finished)
+                progress.advance(task)
+        except BaseException:  # a write failed (or the run was interrupted): no question goes on writing
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
     return written
 
 
@@ -204,13 +212,17 @@ async def _evaluate_one(
         started = time.time()
         try:
             record = result_record(row, dataset, mode, await agent.ainvoke({"question": row["prompt"]}))
-            log.append(record)  # a ValueError here (an answer with a lone surrogate) wrote nothing
-        except OSError as exc:  # the results file cannot be written (a full disk): nothing more can be kept
-            raise WriteFailed(f"cannot write {log.path}: {exc.strerror or exc}") from exc
-        except Exception as exc:
+        except Exception as exc:  # the model or the retriever failed: the question is an error line
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)
             record = error_record(row, dataset, mode, exc, time.time() - started)
-            log.append(record)
+        try:
+            try:
+                log.append(record)
+            except ValueError as exc:  # not encodable (an answer with a lone surrogate): nothing was written
+                record = error_record(row, dataset, mode, exc, time.time() - started)
+                log.append(record)
+        except OSError as exc:  # the results file cannot be written (a full disk): nothing more can be kept
+            raise WriteFailed(f"cannot write {log.path}: {exc.strerror or exc}") from exc
         return record
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,18 @@ NUMBERS = (
 def _readable(record: dict[str, Any], complete: bool) -> bool:
     """An errored line needs its reason; an answered one an EM, and, for the report (``complete``), every number
     it aggregates. A number present must be a number."""
+    names = [record[key] for key in ("id", "dataset", "mode", "question_class")]
+    if not all(isinstance(name, str) for name in names):
+        logger.warning("skipping a result line whose id, dataset, mode or question_class is not text: %.120r", names)
+        return False
     if record["error"] is not None:
         return isinstance(record["error"], str)
     needed = NUMBERS if complete else ("em",)
     numbers = {key: record.get(key) for key in NUMBERS if key in record or key in needed}
     if complete:
-        numbers["rewards.total"] = (record.get("rewards") or {}).get("total")
-    if all(isinstance(n, (int, float)) for n in numbers.values()) and isinstance(record["question_class"], str):
+        rewards = record.get("rewards")
+        numbers["rewards.total"] = rewards.get("total") if isinstance(rewards, dict) else None
+    if all(isinstance(n, (int, float)) and math.isfinite(n) for n in numbers.values()):
         return True
     logger.warning("skipping the result of %s/%s (%s): expected numbers for %s", record["dataset"], record["id"],
                    record["mode"], ", ".join(numbers))  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import fields
 from typing import Any
@@ -163,7 +164,7 @@ async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
         backoff_s=context.search_backoff_s,
         rate_limit=context.search_rate_limit,
         backend=context.backend,
-        deadline=task["deadline"],
+        deadline=min(task.get("deadline", math.inf), time.time() + context.run_timeout_s),  # a Send a client made too
     )
     if outcome.error:
         logger.warning("search for %r failed: %s", task["sub_query"], outcome.error)

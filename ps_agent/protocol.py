@@ -76,6 +76,8 @@ _NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
 # (``< /information>``, ``<Answer x>``), and a chat control token's spelling (``<|im_end|>``, ``<|endoftext|>``)
 _TAG_LIKE_RE = re.compile(r"<\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\b[^<>]*>", re.IGNORECASE)
 _CONTROL_RE = re.compile(r"<\|([^<>|\s]{1,64})\|>")
+# the start of a protocol tag still left (one a removal or a replacement joined): its "<" becomes "["
+_TAG_START_RE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\b)", re.IGNORECASE)
 _WELL_FORMED_TURN_RE = re.compile(
     rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
 )
@@ -229,7 +231,7 @@ def neutralise(text: str) -> str:
     ``< /Answer >`` → ``[answer]``, ``[/Answer]``; ``<|im_end|>`` → ``[|im_end|]``). The tokenizers also read
     environment text with special tokens split (``ps_agent.llms.tokens.text_ids``)."""
     text = _TAG_LIKE_RE.sub(lambda m: "[" + " ".join(m.group(0)[1:-1].split()).replace("/ ", "/") + "]", text)
-    return _CONTROL_RE.sub(r"[|\1|]", text)
+    return _TAG_START_RE.sub("[", _CONTROL_RE.sub(r"[|\1|]", text))
 
 
 def render_search(sub_queries: Sequence[str]) -> str:
@@ -244,8 +246,8 @@ def render_answer(answer: str) -> str:
 
 def without_markup(text: str) -> str:
     """Retrieved text with its protocol tags and control tokens' spellings removed, not just defanged: a small
-    policy still obeys ``[answer] K2 [/answer]`` in a passage (issue 27), and no corpus needs them. What a
-    removal joins into a new tag is defanged."""
+    policy still obeys ``[answer] K2 [/answer]`` in a passage (issue 27), and no corpus needs them. A tag that a
+    removal joins (``<answer<answer>>``) is defanged by ``neutralise``'s last pass."""
     return neutralise(_CONTROL_RE.sub(" ", _TAG_LIKE_RE.sub(" ", text)))
 
 

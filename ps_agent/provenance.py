@@ -32,8 +32,8 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> Non
     """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
     other weights, or by weights not on record, since their answers would be counted as this model's.
 
-    ``model_sha1``: this run's model identity (``model_checksums``). Empty for a Python model object or an API
-    model given no ``weights``: then the folder must hold no record either. A served model (``vllm:URL``) can
+    ``model_sha1``: this run's model identity (``model_checksums``). Empty for a Python model object given no
+    ``weights``: then the folder must hold no record either. A served model (``vllm:URL``) can
     change behind its URL, so resuming its answers needs its ``weights``."""
     if not any((out_dir / "results").glob("*.jsonl")):
         return
@@ -51,10 +51,14 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> Non
 
 
 def model_checksums(settings: EvalSettings) -> dict[str, str]:
-    """A run's model identity: checksums of ``settings.weights`` and of the files its spec names, and the
-    pinned GGUF checksum of the embedded base a spec runs on (``smollm2-base`` is not ``smollm2``)."""
+    """A run's model identity: checksums of ``settings.weights`` and of the weight files its spec names, the
+    pinned GGUF checksum of the embedded base a spec runs on (``smollm2-base`` is not ``smollm2``), or an API
+    model's name."""
     files = sorted({Path(path) for path in settings.weights} | set(model_files(settings.llm)))
     identity = {str(path): file_checksum(path) for path in files}
+    llm = settings.llm
+    if not identity and isinstance(llm, str) and ":" in llm and not llm.startswith(("vllm:", "hf:")):
+        identity["spec"] = llm  # an API model (provider:model): its name is all there is to tell it apart
     base = embedded_base(settings.llm) if isinstance(settings.llm, str) else None
     base = base or (EMBEDDED_BASES.get(settings.llm) if isinstance(settings.llm, str) else None)
     if base is not None:
@@ -67,8 +71,8 @@ def model_files(llm: Any) -> list[Path]:
     if not isinstance(llm, str):
         return []
     folders = [policies_dir() / embedded_spec(llm, mode) for mode in get_args(Mode)] + [Path(llm.removeprefix("hf:"))]
-    names = ("adapter_model.safetensors", "model.safetensors")
-    return sorted({folder / name for folder in folders for name in names if (folder / name).is_file()})
+    return sorted({path for folder in folders if folder.is_dir() for path in folder.glob("*.safetensors")}
+                  | {path for folder in folders if folder.is_dir() for path in folder.glob("*.bin")})  # fmt: skip
 
 
 def git_commit() -> str | None:

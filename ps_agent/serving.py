@@ -15,15 +15,19 @@ names offered, and nothing is opened or contacted for it (docs/serving.md).
 (No ``from __future__ import annotations`` here: the served context's field types are built at run time.)
 """
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from ps_agent.context import Context
 from ps_agent.graph import compile_graph
-from ps_agent.llms import EMBEDDED_SPECS
-from ps_agent.retrieval import EMBEDDED
+from ps_agent.llms import EMBEDDED_SPECS, resolve_chat_model, resolve_text_policy
+from ps_agent.retrieval import EMBEDDED, resolve_retriever
+
+logger = logging.getLogger(__name__)
 
 ALLOWED_LLMS = "PS_AGENT_ALLOWED_LLMS"
 ALLOWED_CORPORA = "PS_AGENT_ALLOWED_CORPORA"
@@ -86,6 +90,16 @@ class Choices:
         raise ChoiceError(f"{kind} {shown} is not offered here: choose one of {', '.join(offered)}")
 
 
+def _resolved(kind: str, name: str | None, resolve: Any) -> Any:
+    try:
+        return resolve()
+    except Exception as exc:
+        logger.warning("the offered %s %r could not be used: %s: %s", kind, name, type(exc).__name__, exc)
+        raise ChoiceError(
+            f"{kind} {name or 'default'!r} cannot be used with these settings now (the server's log says why)"
+        ) from None
+
+
 def served_context(choices: Choices) -> type[Context]:
     """A ``Context`` whose ``llm`` and ``corpus`` are names from ``choices`` (Studio shows them as choices)."""
     llm_names = Literal[tuple(choices.llms)]  # type: ignore[valid-type]
@@ -114,6 +128,20 @@ def served_context(choices: Choices) -> type[Context]:
         @property
         def corpus_spec(self) -> Any:
             return choices.pick("corpus", self.corpus)
+
+        # what an offered name resolves to: a failure names the client's choice only (the spec behind it may be
+        # a private path or host), and the operator's log has the reason
+        @cached_property
+        def policy(self) -> Any:
+            return _resolved("llm", self.llm, lambda: resolve_text_policy(self.llm_spec, self.mode))
+
+        @cached_property
+        def chat_model(self) -> Any:
+            return _resolved("llm", self.llm, lambda: resolve_chat_model(self.llm_spec))
+
+        @cached_property
+        def retriever(self) -> Any:
+            return _resolved("corpus", self.corpus, lambda: resolve_retriever(self.corpus_spec))
 
     return ServedContext
 

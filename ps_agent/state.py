@@ -48,7 +48,6 @@ class SubQueryResult(TypedDict):
 
     index: int
     sub_query: str
-    deadline: float  # the run's end, as in PendingRound
     passages: list[PassageRef]
     texts: list[tuple[str, str]]
     error: str | None
@@ -138,6 +137,7 @@ class SearchTask(TypedDict):
 
     index: int
     sub_query: str
+    deadline: float  # the run's end, as in PendingRound
 
 
 def _total(values: list[int | None]) -> int | None:

@@ -359,7 +359,7 @@ def test_requests_past_the_in_flight_limit_get_a_503_with_retry_after():
 
 
 def test_slow_headers_and_bodies_are_closed_and_good_clients_are_served():
-    limits = ServerLimits(read_timeout_s=0.5, max_connections=8, max_wait_ms=1)
+    limits = ServerLimits(read_timeout_s=0.5, max_connections=8, max_wait_ms=1, max_in_flight=2)  # fewer than slow
     app = create_app(FailsOnBoom(), limits)
 
     async def scenario():

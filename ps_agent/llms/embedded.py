@@ -241,7 +241,7 @@ def peft_adapter(adapter: str | Path, base: str | Path | None = None, *, trainab
     """A PEFT LoRA adapter on its base model (``adapter_base`` checks the pair), refused unless its weights
     fill every LoRA module it declares and nothing else: PEFT only warns when names match no module, and the
     adapter then changes nothing, or changes only some layers."""
-    from peft import PeftModel
+    from peft import PeftModel, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
     adapter, base = Path(adapter), adapter_base(adapter, base)
@@ -249,7 +249,7 @@ def peft_adapter(adapter: str | Path, base: str | Path | None = None, *, trainab
     with warnings.catch_warnings():  # PEFT's warning lists every missing key; the error below says what matters
         warnings.filterwarnings("ignore", message="Found missing adapter keys", category=UserWarning)
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter, is_trainable=trainable)
-    expected = {name.replace(".default.", ".") for name, _ in model.named_parameters() if ".lora_" in name}
+    expected = set(get_peft_model_state_dict(model))  # the names PEFT saves (LoRA, DoRA, modules_to_save)
     unmatched, unfilled = sorted(stored - expected), sorted(expected - stored)
     if unmatched or unfilled:
         raise LLMSpecError(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from asyncio_throttle import Throttler
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,15 @@ async def resilient_search(
         except Exception as exc:  # any backend fault is retried, then reported to the model
             raise SearchFailed(f"{type(exc).__name__}: {exc}", getattr(exc, "transient", True)) from exc
 
+    backoff = wait_exponential(multiplier=backoff_s, min=backoff_s, max=max(backoff_s, 5.0))
+
+    def spent(state: RetryCallState) -> bool:  # no time left in the run for the backoff and another attempt
+        return deadline is not None and deadline - time.time() <= backoff(state)
+
     try:
         async for attempt_state in AsyncRetrying(
-            stop=stop_after_attempt(retries + 1),
-            wait=wait_exponential(multiplier=backoff_s, min=backoff_s, max=max(backoff_s, 5.0)),
+            stop=stop_after_attempt(retries + 1) | spent,
+            wait=backoff,
             retry=retry_if_exception(lambda exc: isinstance(exc, SearchFailed) and exc.transient),
             reraise=True,
         ):

@@ -1,10 +1,10 @@
-"""What the retrieval server refuses, and when: its limits, and the two guards FastAPI does not bring.
+"""What the retrieval server refuses, and when: its limits, and the read deadline uvicorn does not bring.
 
 - request shape: at most ``max_queries`` queries, checked before any item is validated (``RetrieveRequest``),
   and at most ``max_errors`` errors in a 422 body;
 - body size: ``max_body_bytes``, FastAPI's own ``max_body_size`` (413);
-- concurrency: at most ``max_in_flight`` requests searched or waiting at once; more get a 503 with ``Retry-After``
-  (``InFlightLimit``);
+- concurrency: at most ``max_in_flight`` requests, read whole, searched or waiting at once; more get a 503 with
+  ``Retry-After`` (counted in the ``/retrieve`` handler, so a request whose body never arrives holds no slot);
 - reading: a request's headers and body must arrive within ``read_timeout_s`` of its first byte, or of the
   connection's start, else the connection is closed; when ``max_connections`` are open, a new connection
   closes the one that has been reading its request longest (``ReadDeadlineProtocol``);
@@ -17,10 +17,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -47,32 +45,10 @@ class ServerLimits:
                 raise ValueError(f"ServerLimits.{name} must be > 0, got {value!r}")
 
 
-class InFlightLimit:
-    """ASGI middleware: at most ``limit`` requests to ``path`` at once; the next gets a 503 with ``Retry-After``."""
-
-    def __init__(self, app: Any, limit: int, path: str = "/retrieve") -> None:
-        self.app, self.limit, self.path = app, limit, path
-        self.in_flight = 0
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path:
-            return await self.app(scope, receive, send)
-        if self.in_flight >= self.limit:
-            detail = f"busy: {self.in_flight} requests in flight (at most {self.limit}); retry after 1 s"
-            body = json.dumps({"detail": detail}).encode()
-            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            return await send({"type": "http.response.body", "body": body})
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-
-
 class ReadDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's HTTP protocol with a read deadline: a request not read whole within ``read_timeout_s`` of its
-    start closes its connection (uvicorn waits forever for slow headers and bodies), and past
+    first byte (or of the connection's start) closes its connection (uvicorn waits forever for slow headers and
+    bodies; between requests its keep-alive timeout closes an idle connection), and past
     ``max_connections`` a new connection closes the one that has been reading longest. A request read whole is
     never cut: searching it and writing the answer take what they take."""
 
@@ -83,7 +59,7 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._reading_since: float | None = None
         self._deadline: asyncio.TimerHandle | None = None
-        self._start_reading()
+        self._start_reading()  # the first request's bytes must come; later ones are timed from their first byte
         if len(self.connections) > self.max_connections:
             reading = [c for c in self.connections if getattr(c, "_reading_since", None) is not None]
             oldest = min(reading, key=lambda c: c._reading_since, default=None)  # type: ignore[attr-defined]
@@ -106,14 +82,13 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._start_reading()  # a request (a pipelined one too) is timed from its first byte to its last
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._stop_reading()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._start_reading()  # the next request on this connection gets its own deadline
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reading()

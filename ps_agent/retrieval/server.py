@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ps_agent.batching import MicroBatcher
 from ps_agent.retrieval.base import Passage, Retriever
-from ps_agent.retrieval.limits import InFlightLimit, ServerLimits, protocol_for
+from ps_agent.retrieval.limits import ServerLimits, protocol_for
 from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         lifespan=lifespan,
         max_body_size=limits.max_body_bytes,
     )
-    app.add_middleware(InFlightLimit, limit=limits.max_in_flight)
+    in_flight = 0  # requests read whole and searched or waiting: one whose body never arrives holds no slot
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -133,9 +133,20 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
 
     @app.post("/retrieve", response_model=RetrieveResponse)
     async def retrieve(request: RetrieveRequest) -> RetrieveResponse:
+        nonlocal in_flight
         problem = _check(request, limits)
         if problem:
             raise HTTPException(status_code=422, detail=problem)
+        if in_flight >= limits.max_in_flight:
+            detail = f"busy: {in_flight} requests in flight (at most {limits.max_in_flight}); retry after 1 s"
+            raise HTTPException(status_code=503, detail=detail, headers={"Retry-After": "1"})
+        in_flight += 1
+        try:
+            return await _answer(request)
+        finally:
+            in_flight -= 1
+
+    async def _answer(request: RetrieveRequest) -> RetrieveResponse:
         items = [(query, request.topk) for query in request.queries]
         with metrics["latency"].time():
             try:  # each request alone without micro-batching, as Search-R1's server does
