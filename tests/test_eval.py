@@ -323,6 +323,7 @@ def _answered_by(out: Path, questions: Path, llm: str) -> str:
         ("smollm2", "smollm2-base", r"holds answers of other model weights \(smollm2: .*smollm2-parallelsearch"),
         ("smollm2", "qwen0.5b", "holds answers of other model weights"),
         ("vllm:http://127.0.0.1:9/v1", "vllm:http://127.0.0.1:9/v1", r"weights are not on record \(pass --weights"),
+        ("openai:gpt-4o-mini", "anthropic:claude-3-5-haiku-latest", r"other model weights \(openai:gpt-4o-mini"),
     ],
 )
 def test_an_eval_into_a_folder_answered_by_another_model_is_refused(first, then, message, synthetic, tmp_path):

@@ -181,6 +181,8 @@ def test_neutralised_text_has_no_protocol_tags(text):
 
 @given(st.lists(st.sampled_from(["<", ">", "/", " ", "answer", "search", "x", "<|", "|>", "im_end"]), max_size=40))
 def test_removing_markup_never_joins_a_tag(pieces):
+    assert "<answer" not in without_markup("<answer<answer<answer>>> K2 </answer</answer</answer>>>")
+    assert neutralise("<answer<search>>") == "[answer[search]>"  # a tag the first replacement joined
     text = "".join(pieces)
     assert not _TAG_LIKE_RE.search(without_markup(text)) and "<|im_end|>" not in without_markup(text)
 

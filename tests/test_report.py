@@ -191,16 +191,20 @@ def test_ps_agent_report_skips_odd_result_lines_naming_them(eval_run, tmp_path):
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     results = sorted((copy / "results").glob("*.jsonl"))[0]
-    kept = len(read_results(copy))
-    odd = ["[" * 100_000 + "]" * 100_000, '{"id": "x"}', '{"id": "y", "em": NaN}', "[1, 2]"]
+    kept = len(read_results(copy, complete=True))  # what the report reads
+    whole = {"dataset": "synth", "mode": "parallel", "question": "q", "question_class": "sequential",
+             "golden_answers": [], "error": None, "em": 1.0}  # fmt: skip
+    odd = ["[" * 100_000 + "]" * 100_000, '{"id": "x"}', '{"id": "y", "em": NaN}', "[1, 2]",
+           json.dumps(whole | {"id": ["q"]}), json.dumps(whole | {"id": "z", "em": 1e999}),
+           json.dumps(whole | {"id": "w", "rewards": [1]})]  # fmt: skip
     with results.open("a") as f:
         f.write("\n".join(odd) + "\n")
     numbered = len(results.read_text().splitlines())
     done = subprocess.run([PS_AGENT, "report", str(copy)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    for line in range(numbered - 3, numbered + 1):
+    for line in range(numbered - 6, numbered - 2):  # the lines that are not result objects, by file and line
         assert f"{results}:{line}:" in done.stderr
-    assert len(read_results(copy)) == kept
+    assert len(read_results(copy, complete=True)) == kept
     for path in (copy / "results").glob("*.jsonl"):  # nothing readable left: exit 2, saying so
         path.write_text("\n".join(odd) + "\n")
     empty = subprocess.run([PS_AGENT, "report", str(copy)], capture_output=True, text=True, timeout=300)

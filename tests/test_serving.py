@@ -131,3 +131,18 @@ def test_a_run_ends_within_its_time_budget():
         agent.invoke({"question": "Q?"})
     (search_round,) = e.value.trajectory["search_rounds"]
     assert search_round["results"][0]["error"].endswith("s (the end of the run's time budget, run_timeout_s)")
+
+
+def test_an_offered_name_that_fails_to_resolve_names_the_choice_not_the_spec():
+    """Review of issue 27: the error after a pick showed the operator's spec (a private path or host)."""
+    graph = served_graph(Choices(llms={"local": "hf:/srv/private/model"}, corpora={"wiki": SleepyRetriever()}))
+    with pytest.raises(ChoiceError, match=r"^llm 'local' cannot be used with these settings now") as error:
+        graph.invoke({"question": "Q?"}, context={"llm": "local", "corpus": "wiki", "protocol": "tools"})
+    assert "/srv/private" not in str(error.value)
+
+
+def test_retries_stop_when_the_run_cannot_hold_another_attempt_and_keep_the_real_error():
+    failing = SleepyRetriever(fail_times=9, error=RuntimeError("boom"))
+    deadline = __import__("time").time() + 0.5
+    outcome = asyncio.run(resilient_search(failing, "q", 1, retries=5, backoff_s=3, deadline=deadline))
+    assert (outcome.error, outcome.attempts) == ("RuntimeError: boom", 1)  # no 3 s backoff past the budget
