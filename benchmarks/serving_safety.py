@@ -32,11 +32,9 @@ import platform
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from ps_agent.processes import free_port, served  # noqa: E402
+from ps_agent.testing import RecordingServerDouble  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
@@ -62,30 +61,6 @@ class Case:
     failed: int = 0
     lost: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-class Listener:
-    """A real HTTP server on 127.0.0.1 that counts every request: an internal URL a client might make us call."""
-
-    def __init__(self) -> None:
-        hits: list[str] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits.append(self.path)
-                self.send_response(500)
-                self.end_headers()
-                self.wfile.write(b"internal admin page")
-
-            do_POST = do_GET
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.hits = hits
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def attacks(secret: Path, url: str) -> list[tuple[str, Any]]:
@@ -111,8 +86,7 @@ def client_resources_in_process(rounds: int) -> Case:
     from ps_agent.serving import ChoiceError, served_graph
 
     case = Case("client-chosen resources, served graph in process")
-    listener = Listener()
-    with tempfile.TemporaryDirectory() as tmp:
+    with RecordingServerDouble() as listener, tempfile.TemporaryDirectory() as tmp:
         secret = Path(tmp) / "private.jsonl"
         secret.write_text(json.dumps({"id": "1", "contents": f'"Secret"\n{SECRET}'}) + "\n")
         graph = served_graph()
@@ -128,7 +102,7 @@ def client_resources_in_process(rounds: int) -> Case:
                 except Exception as exc:  # refused, but not as a choice: a message that may say too much
                     case.failed += 1
                     case.notes.append(f"{kind}={value!r:.60}: {type(exc).__name__}: {str(exc)[:120]}")
-    case.lost += len(listener.hits)
+        case.lost += len(listener.hits)
     return case
 
 
@@ -140,14 +114,15 @@ def client_resources_through_langgraph_dev(log_dir: Path) -> Case:
     if langgraph is None:
         case.notes.append("langgraph-cli is not installed: not run")
         return case
-    listener = Listener()
     secret = log_dir / "private.jsonl"
     secret.write_text(json.dumps({"id": "1", "contents": f'"Secret"\n{SECRET}'}) + "\n")
     port = free_port()
     command = [langgraph, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
     env = {**__import__("os").environ, "LANGSMITH_TRACING": "false", "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
-    with served(
-        command, f"http://127.0.0.1:{port}/ok", log_dir / "langgraph-dev.log", timeout_s=180, cwd=ROOT, env=env
+    log = log_dir / "langgraph-dev.log"
+    with (
+        RecordingServerDouble() as listener,
+        served(command, f"http://127.0.0.1:{port}/ok", log, 180, cwd=ROOT, env=env),
     ):
 
         async def run() -> None:
@@ -167,7 +142,7 @@ def client_resources_through_langgraph_dev(log_dir: Path) -> Case:
                         case.notes.append(f"{how} {kind}={value!r:.60}: {text[:160]}")
 
         asyncio.run(run())
-    case.lost += len(listener.hits)
+        case.lost += len(listener.hits)
     return case
 
 

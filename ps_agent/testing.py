@@ -111,6 +111,30 @@ class _ServedDouble:
         self.server.server_close()
 
 
+class RecordingServerDouble(_ServedDouble):
+    """Test double: an internal URL a client might make the server call. Every request's path is kept in ``hits``,
+    and each is answered with a 500 error page. Use as a context manager; ``url`` is its root."""
+
+    def __init__(self) -> None:
+        hits: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits.append(self.path)
+                self.send_response(500)
+                self.end_headers()
+                self.wfile.write(b"internal admin page")
+
+            do_POST = do_GET
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.hits = hits
+        self._serve(Handler)
+        self.url = self.base_url.removesuffix("/v1")
+
+
 class OpenAIChatDouble(_ServedDouble):
     """Test double: an OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1 (a thread).
 

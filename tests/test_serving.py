@@ -3,8 +3,6 @@ a run that ends within its time budget. The graph runs through its real LangGrap
 names are real HTTP servers on 127.0.0.1 that count what reaches them."""
 
 import asyncio
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +11,7 @@ from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.llms import EMBEDDED_SPECS
 from ps_agent.retrieval import resilient_search
 from ps_agent.serving import ChoiceError, Choices, served_context, served_graph
-from ps_agent.testing import SleepyRetriever, scripted_llm
+from ps_agent.testing import RecordingServerDouble, SleepyRetriever, scripted_llm
 
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 
@@ -21,24 +19,8 @@ ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 @pytest.fixture
 def listener() -> Iterator[tuple[str, list[str]]]:
     """A real HTTP server on 127.0.0.1 that records every request path: a URL a client might make us call."""
-    seen: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            self.send_response(500)
-            self.end_headers()
-            self.wfile.write(b"internal admin page")
-
-        do_POST = do_GET
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
+    with RecordingServerDouble() as server:
+        yield server.url, server.hits
 
 
 def test_the_environment_names_what_is_offered():
