@@ -28,10 +28,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
-from ps_agent.metrics import behaviour, mean  # noqa: E402
+from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import QUESTION_CLASSES, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 
@@ -100,25 +101,6 @@ def policy_for(name: str, mode: str, concurrency: int) -> TransformersPolicy:
     return policy
 
 
-def table(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The benchmark's numbers for a group of result lines (percentages of ``metrics.behaviour``'s fractions)."""
-    ok = [r for r in records if r["error"] is None]
-    if not ok:
-        return {"n": len(records), "errors": len(records)}
-    seen = behaviour(ok)
-    return {
-        "n": len(records),
-        "errors": len(records) - len(ok),
-        "format_valid": 100 * seen["format_valid"],
-        "decomposed": 100 * seen["decomposed"],
-        "em": 100 * mean([r["em"] for r in ok]),
-        "f1": 100 * mean([r["f1"] for r in ok]),
-        "llm_calls": mean([float(r["llm_calls"]) for r in ok]),
-        "forced_answer": 100 * seen["forced_answer"],
-        "seconds_per_question": mean([r["latency_s"] for r in ok]),
-    }
-
-
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per set × policy × mode, overall and per class."""
     out: dict[str, Any] = {}
@@ -128,7 +110,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         d: {
             p: {
-                m: {"all": table(rs)} | {c: table([r for r in rs if r["question_class"] == c])
+                m: {"all": aggregate(rs)} | {c: aggregate([r for r in rs if r["question_class"] == c])
                                          for c in QUESTION_CLASSES if any(r["question_class"] == c for r in rs)}
                 for m, rs in modes.items()
             }
@@ -174,11 +156,9 @@ def markdown(result: dict[str, Any]) -> str:
         for p, modes in policies.items():
             for m, classes in modes.items():
                 for c, t in classes.items():
-                    lines.append(
-                        f"| {p} | {m} | {c} | {t['n']} | {f(t.get('format_valid'))} | {f(t.get('decomposed'))} | "
-                        f"{f(t.get('em'))} | {f(t.get('f1'))} | {f(t.get('llm_calls'), 2)} | "
-                        f"{f(t.get('forced_answer'))} | {f(t.get('seconds_per_question'), 1)} |"
-                    )
+                    cells = [f(t.get(k)) for k in ("format_valid", "decomposition_ratio", "em", "f1")]
+                    cells += [f(t.get("turns"), 2), f(t.get("forced_answer")), f(t.get("seconds_per_question"), 1)]
+                    lines.append(f"| {p} | {m} | {c} | {t['n']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -212,7 +192,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             labels.append(f"{d}\n{c}")
             for p in POLICIES:
                 t = policies.get(p, {}).get("parallel", {}).get(c, {})
-                values[p].append(t.get("decomposed") or 0.0)
+                values[p].append(t.get("decomposition_ratio") or 0.0)
     width = 0.8 / len(POLICIES)
     for i, p in enumerate(POLICIES):
         axes[1].bar([x + i * width for x in range(len(labels))], values[p], width, label=p)

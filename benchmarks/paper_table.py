@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_agent.episodes import aggregate, interval
 from ps_agent.eval_report import read_results
 from ps_agent.questions import QUESTION_CLASSES
 
@@ -62,27 +63,6 @@ class Run:
         return lines
 
 
-def interval(stats: np.ndarray) -> list[float]:
-    """The 95% percentile bootstrap interval of a statistic computed on each resample."""
-    return [float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))]
-
-
-def cell(records: list[dict[str, Any]], rng: np.random.Generator, bootstrap: int) -> dict[str, Any]:
-    """EM, decomposition, seconds and turns of a set of questions, with intervals on EM and turns."""
-    em = np.array([100.0 * r["em"] for r in records])
-    turns = np.array([float(r["llm_calls"]) for r in records])
-    resamples = rng.integers(0, len(records), size=(bootstrap, len(records)))
-    return {
-        "n": len(records),
-        "em": float(em.mean()),
-        "em_ci": interval(em[resamples].mean(axis=1)),
-        "decomposition_ratio": 100.0 * float(np.mean([float(r["decomposed"]) for r in records])),
-        "seconds_per_question": float(np.mean([r["latency_s"] for r in records])),
-        "turns": float(turns.mean()),
-        "turns_ci": interval(turns[resamples].mean(axis=1)),
-    }
-
-
 def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
     """Ours minus the baseline in EM, and ours over the baseline in turns, on the questions both ran."""
     theirs = {(r["dataset"], r["id"]): r for r in baseline}
@@ -113,7 +93,7 @@ def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: 
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
     for dataset in datasets:
         result["by_dataset"][dataset] = {
-            name: cell([r for r in records if r["dataset"] == dataset], rng, bootstrap)
+            name: aggregate([r for r in records if r["dataset"] == dataset], bootstrap, rng)
             for name, records in lines.items()
             if any(r["dataset"] == dataset for r in records)
         }
@@ -126,15 +106,15 @@ def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: 
             if not subset:
                 continue
             key = f"{dataset}/{cls}"
-            result["by_class"][key] = {name: cell(records, rng, bootstrap) for name, records in subset.items()}
+            result["by_class"][key] = {name: aggregate(records, bootstrap, rng) for name, records in subset.items()}
             if ours in subset and baseline in subset:
                 result["ours_vs_baseline"][key] = paired(subset[ours], subset[baseline], rng, bootstrap)
     # drawn after the per-dataset tables, so their intervals stay those of the earlier results files
-    result["pooled"] = {"all": {name: cell(records, rng, bootstrap) for name, records in lines.items()}}
+    result["pooled"] = {"all": {name: aggregate(records, bootstrap, rng) for name, records in lines.items()}}
     for cls in QUESTION_CLASSES:
         subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
         if any(subset.values()):
-            result["pooled"][cls] = {name: cell(rs, rng, bootstrap) for name, rs in subset.items() if rs}
+            result["pooled"][cls] = {name: aggregate(rs, bootstrap, rng) for name, rs in subset.items() if rs}
     return result
 
 

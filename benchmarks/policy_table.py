@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import paper_table  # noqa: E402
 from learning import HELD_OUT_SEED, SHARED  # noqa: E402
 
+from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
-from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import question_class, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
@@ -108,33 +108,20 @@ def load_policy(spec: str, mode: str, device: str, concurrency: int):
     return policy
 
 
-def em_interval(values: list[float], bootstrap: int, rng: np.random.Generator) -> tuple[float, float]:
-    """95% percentile bootstrap interval of a mean, in percent."""
-    data = np.asarray(values, dtype=float)
-    means = data[rng.integers(0, len(data), size=(bootstrap, len(data)))].mean(axis=1)
-    return 100 * float(np.percentile(means, 2.5)), 100 * float(np.percentile(means, 97.5))
-
-
 def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.random.Generator) -> list[dict]:
-    """Per dataset and question class (and ``all``), the policy's numbers."""
+    """Per dataset and question class (and ``all``), the policy's numbers (``episodes.aggregate``)."""
     out = []
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["dataset"], "all"), []).append(r)
         groups.setdefault((r["dataset"], r["question_class"]), []).append(r)
     for (dataset, cls), group in sorted(groups.items()):
-        em = [float(r["em"]) for r in group]
-        low, high = em_interval(em, bootstrap, rng)
+        a = aggregate(group, bootstrap, rng)
         out.append({
-            "policy": name, "dataset": dataset, "class": cls, "n": len(group),
-            "em": 100 * mean(em), "em_low": low, "em_high": high,
-            "f1": 100 * mean([r["f1"] for r in group]),
-            "split": 100 * mean([float(r["decomposed"]) for r in group]),
-            "two_rounds": 100 * mean([float(r["search_rounds"] >= 2) for r in group]),
-            "llm_calls": mean([float(r["llm_calls"]) for r in group]),
-            "seconds": mean([r["latency_s"] for r in group]),
-            "format_valid": 100 * mean([float(r["format_valid"]) for r in group]),
-            "forced": 100 * mean([float(r["forced_answer"]) for r in group]),
+            "policy": name, "dataset": dataset, "class": cls, "n": a["n"],
+            "em": a["em"], "em_low": a["em_ci"][0], "em_high": a["em_ci"][1], "f1": a["f1"],
+            "split": a["decomposition_ratio"], "two_rounds": a["two_rounds"], "llm_calls": a["turns"],
+            "seconds": a["seconds_per_question"], "format_valid": a["format_valid"], "forced": a["forced_answer"],
         })  # fmt: skip
     return out
 

@@ -11,7 +11,7 @@ from langchain_core.runnables.config import merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
-from ps_agent.configuration import RESOURCES
+from ps_agent.configuration import RESOURCES, AgentConfig
 from ps_agent.context import Context
 from ps_agent.graph import graph_for
 from ps_agent.runner import run_sync
@@ -46,6 +46,12 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         self.choices = choices if choices is not None else Choices.from_env()
         #: the compiled graph with this agent's context and run limits bound: it runs alone or as a subgraph
         self.graph: Runnable[dict[str, Any], dict[str, Any]] = graph_for(self.context)
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, *, choices: Choices | None = None) -> ParallelSearchAgent:
+        """The agent of an ``AgentConfig``, its ``llm`` and ``corpus`` included."""
+        settings = {f.name: getattr(config, f.name) for f in fields(AgentConfig)}
+        return cls(settings.pop("llm"), settings.pop("corpus"), choices=choices, **settings)
 
     def _run(self, config: RunnableConfig | None) -> tuple[RunnableConfig, Context]:
         """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied and its

@@ -7,7 +7,6 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -16,7 +15,7 @@ import httpx
 import typer
 from rich.text import Text
 
-from ps_agent.configuration import BOUNDS, AgentConfig
+from ps_agent.configuration import AgentConfig, describe
 from ps_agent.display import console, errors, plain, print_rollouts, print_trace
 from ps_agent.graph import AgentError
 from ps_agent.llms import EMBEDDED_MODEL
@@ -33,17 +32,6 @@ def user_errors() -> Iterator[None]:
     except (ValueError, TypeError, OSError, AgentError, httpx.HTTPError) as exc:
         errors.print(Text.assemble(("error: ", "red"), plain(exc)))
         raise typer.Exit(2) from exc
-
-
-_SETTINGS = {f.name: f for f in fields(AgentConfig)}
-
-
-def setting(name: str) -> str:
-    """An ``AgentConfig`` field's description and range, as an option's help: the options' defaults and help
-    come from the one settings object, so the CLI cannot drift from the agent."""
-    low_high = BOUNDS.get(name)
-    bounds = f" ({low_high[0]:g} to {low_high[1]:g})" if low_high else ""
-    return str(_SETTINGS[name].metadata["description"]) + bounds
 
 
 LLM_HELP = (
@@ -69,12 +57,12 @@ def ask(
     corpus: Annotated[
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
-    mode: Annotated[Literal["parallel", "sequential"], typer.Option(help=setting("mode"))] = AgentConfig.mode,
-    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=setting("protocol"))] = AgentConfig.protocol,
-    max_turns: Annotated[int, typer.Option(help=setting("max_turns"))] = AgentConfig.max_turns,
-    topk: Annotated[int, typer.Option(help=setting("topk"))] = AgentConfig.topk,
-    max_new_tokens: Annotated[int, typer.Option(help=setting("max_new_tokens"))] = AgentConfig.max_new_tokens,
-    demonstration: Annotated[bool, typer.Option(help=setting("demonstration"))] = AgentConfig.demonstration,
+    mode: Annotated[Literal["parallel", "sequential"], typer.Option(help=describe("mode"))] = AgentConfig.mode,
+    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=describe("protocol"))] = AgentConfig.protocol,
+    max_turns: Annotated[int, typer.Option(help=describe("max_turns"))] = AgentConfig.max_turns,
+    topk: Annotated[int, typer.Option(help=describe("topk"))] = AgentConfig.topk,
+    max_new_tokens: Annotated[int, typer.Option(help=describe("max_new_tokens"))] = AgentConfig.max_new_tokens,
+    demonstration: Annotated[bool, typer.Option(help=describe("demonstration"))] = AgentConfig.demonstration,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
     """Answer QUESTION and show the trace: each turn, its parallel sub-queries and what they found."""
@@ -120,11 +108,11 @@ def eval_command(
     ] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
-    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=setting("protocol"))] = AgentConfig.protocol,
-    max_turns: Annotated[int, typer.Option(help=setting("max_turns"))] = AgentConfig.max_turns,
-    topk: Annotated[int, typer.Option(help=setting("topk"))] = AgentConfig.topk,
-    max_new_tokens: Annotated[int, typer.Option(help=setting("max_new_tokens"))] = AgentConfig.max_new_tokens,
-    demonstration: Annotated[bool, typer.Option(help=setting("demonstration"))] = AgentConfig.demonstration,
+    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=describe("protocol"))] = AgentConfig.protocol,
+    max_turns: Annotated[int, typer.Option(help=describe("max_turns"))] = AgentConfig.max_turns,
+    topk: Annotated[int, typer.Option(help=describe("topk"))] = AgentConfig.topk,
+    max_new_tokens: Annotated[int, typer.Option(help=describe("max_new_tokens"))] = AgentConfig.max_new_tokens,
+    demonstration: Annotated[bool, typer.Option(help=describe("demonstration"))] = AgentConfig.demonstration,
     strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
     weights: Annotated[
         list[Path] | None,

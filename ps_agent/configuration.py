@@ -121,3 +121,11 @@ class AgentConfig:
         names = {f.name for f in fields(self)} - set(RESOURCES)
         overrides = {k: v for k, v in configurable.items() if k in names}
         return replace(self, **overrides) if overrides else self
+
+
+def describe(name: str) -> str:
+    """An ``AgentConfig`` field's description and range: the help of every option that sets it (the CLI, the
+    training scripts), so no option can drift from the agent."""
+    description = next(f.metadata["description"] for f in fields(AgentConfig) if f.name == name)
+    low_high = BOUNDS.get(name)
+    return str(description) + (f" ({low_high[0]:g} to {low_high[1]:g})" if low_high else "")

@@ -86,5 +86,5 @@ def print_rollouts(summary: dict[str, Any], latest: list[dict[str, Any]]) -> Non
         header = Text(f"step {record['step']} · {record['question_class']} · total {total:+.2f} ", style="dim")
         gold = plain(f" (gold {record['golden_answers']})")
         console.print(header + plain(record["question"]) + " → " + plain(repr(record["answer"]), "green") + gold)
-        for r in record["search_rounds"]:
+        for r in record["timeline"]["search_rounds"]:
             console.print(Text("    search: ") + plain(" ## ".join(r["sub_queries"])))

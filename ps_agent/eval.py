@@ -22,15 +22,14 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.episodes import episode_record, error_record
 from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
-from ps_agent.metrics import cover_exact_match, exact_match, f1_score
 from ps_agent.provenance import check_same_model, provenance, writing_to
-from ps_agent.questions import question_class, read_jsonl
+from ps_agent.questions import read_jsonl
 from ps_agent.retrieval import CorpusError, resolve_retriever
-from ps_agent.rewards import format_valid, reward_components
 from ps_agent.runner import run_sync
-from ps_agent.trajectories import TrajectoryLog, read_records, timeline_of
+from ps_agent.trajectories import TrajectoryLog, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -104,50 +103,10 @@ def corpus_for(path: Path, retriever: Any) -> Any:
     return str(sibling) if sibling.is_file() else None
 
 
-def question_record(row: dict[str, Any], dataset: str, mode: str) -> dict[str, Any]:
-    """What every result line says of its question."""
-    return {
-        "id": row["id"],
-        "dataset": dataset,
-        "mode": mode,
-        "question": row["prompt"],
-        "question_type": row["question_type"],
-        "question_class": question_class(row["question_type"]),
-        "golden_answers": row["golden_answers"],
-    }
-
-
-def result_record(row: dict[str, Any], dataset: str, mode: str, out: dict[str, Any]) -> dict[str, Any]:
-    """One evaluated question: answer, metrics, reward components, turns, searches, latency, and the
-    timeline a report draws."""
-    trajectory, stats = out["trajectory"], out["stats"]
-    answer, golden = out["answer"], row["golden_answers"]
-    return question_record(row, dataset, mode) | {
-        "answer": answer,
-        "em": exact_match(answer, golden),
-        "f1": f1_score(answer, golden),
-        "cover_em": cover_exact_match(answer, golden),
-        "rewards": reward_components(trajectory, golden, row["question_type"]),
-        "llm_calls": stats["llm_calls"],
-        "search_rounds": stats["search_rounds"],
-        "sub_queries_per_round": [len(r["searched"]) for r in trajectory["search_rounds"]],
-        "decomposed": stats["decomposed"],
-        "format_valid": format_valid(trajectory),
-        "forced_answer": stats["forced_answer"],
-        "failed_searches": stats["failed_searches"],
-        "latency_s": stats["latency_s"],
-        "error": None,
-        "timeline": timeline_of(trajectory),
-    }
-
-
-def error_record(row: dict[str, Any], dataset: str, mode: str, exc: BaseException, latency_s: float) -> dict:
-    """A question whose run failed (LLM or retriever): counted in the report, with its reason."""
-    return question_record(row, dataset, mode) | {
-        "answer": None,
-        "latency_s": latency_s,
-        "error": f"{type(exc).__name__}: {exc}",
-    }
+def eval_record(row: dict[str, Any], dataset: str, mode: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A result line: the episode's record (``episodes.episode_record`` or ``error_record``) under its dataset and
+    mode."""
+    return {"id": row["id"], "dataset": dataset, "mode": mode} | record
 
 
 def finished_ids(path: Path) -> set[str]:
@@ -211,15 +170,17 @@ async def _evaluate_one(
     async with gate:
         started = time.time()
         try:
-            record = result_record(row, dataset, mode, await agent.ainvoke({"question": row["prompt"]}))
+            record = eval_record(
+                row, dataset, mode, episode_record(row, await agent.ainvoke({"question": row["prompt"]}))
+            )
         except Exception as exc:  # the model or the retriever failed: the question is an error line
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)
-            record = error_record(row, dataset, mode, exc, time.time() - started)
+            record = eval_record(row, dataset, mode, error_record(row, exc, time.time() - started))
         try:
             try:
                 log.append(record)
             except ValueError as exc:  # not encodable (an answer with a lone surrogate): nothing was written
-                record = error_record(row, dataset, mode, exc, time.time() - started)
+                record = eval_record(row, dataset, mode, error_record(row, exc, time.time() - started))
                 log.append(record)
         except OSError as exc:  # the results file cannot be written (a full disk): nothing more can be kept
             raise WriteFailed(f"cannot write {log.path}: {exc.strerror or exc}") from exc

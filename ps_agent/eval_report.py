@@ -1,8 +1,8 @@
 """Reporting an evaluation: read ``OUT/results``, aggregate it, and write the tables, plots and page.
 
 ``read_results`` takes each question's latest line; ``summarise`` aggregates per dataset × mode and per dataset ×
-question class × mode (``aggregate``: the one set of means); ``report`` writes ``summary.json``, ``report.md`` (the
-paper's layouts), ``plots.png`` and ``report.html`` (``ps-agent report OUT`` rebuilds the page).
+question class × mode (``episodes.aggregate``: the one set of means); ``report`` writes ``summary.json``,
+``report.md`` (the paper's layouts), ``plots.png`` and ``report.html`` (``ps-agent report OUT`` rebuilds the page).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ps_agent.metrics import behaviour, mean
+from ps_agent.episodes import aggregate
+from ps_agent.metrics import mean
 from ps_agent.questions import QUESTION_CLASSES
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.trajectories import read_records
@@ -21,7 +22,7 @@ from ps_agent.trajectories import read_records
 logger = logging.getLogger(__name__)
 
 
-#: what every result line holds (``question_record``), and what an answered one adds that the report reads
+#: what every result line holds (``eval.eval_record``), and what an answered one adds that the report reads
 RESULT_KEYS = ("id", "dataset", "mode", "question", "question_class", "golden_answers", "error")
 NUMBERS = (
     "em",
@@ -63,28 +64,6 @@ def read_results(out_dir: Path, complete: bool = False) -> list[dict[str, Any]]:
     warning that names it."""
     records = read_records(sorted((out_dir / "results").glob("*.jsonl")), required=RESULT_KEYS)
     return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r, complete)}.values())
-
-
-def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Means over the records that ran, and the count of those that errored."""
-    ok = [r for r in records if r["error"] is None]
-    summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
-    if not ok:
-        return summary
-    seen = behaviour(ok)
-    summary |= {
-        "em": 100 * mean([r["em"] for r in ok]),
-        "f1": 100 * mean([r["f1"] for r in ok]),
-        "cover_em": 100 * mean([r["cover_em"] for r in ok]),
-        "decomposition_ratio": 100 * seen["decomposed"],
-        "format_valid": 100 * seen["format_valid"],
-        "forced_answer": 100 * seen["forced_answer"],
-        "seconds_per_question": mean([r["latency_s"] for r in ok]),
-        "turns": mean([float(r["llm_calls"]) for r in ok]),
-        "search_rounds": seen["search_rounds"],
-        "reward": mean([r["rewards"]["total"] for r in ok]),
-    }
-    return summary
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:

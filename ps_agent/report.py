@@ -120,10 +120,10 @@ def training_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "golden": r["golden_answers"],
             "correct": r["rewards"]["outcome"] > 0,
             "decomposed": bool(r["decomposed"]),
-            "forced": bool(r["stats"]["forced_answer"]),
-            "llm_calls": r["stats"]["llm_calls"],
-            "latency_s": r["stats"]["latency_s"],
-            **timeline(r, r),
+            "forced": bool(r["forced_answer"]),
+            "llm_calls": r["llm_calls"],
+            "latency_s": r["latency_s"],
+            **timeline(r, r["timeline"]),
         }
         for i, r in enumerate(records)
     ]

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ps_agent.episodes import STATS
 from ps_agent.metrics import behaviour, mean
 from ps_agent.rewards import COMPONENTS
 
@@ -41,25 +42,6 @@ class TrajectoryLog:
                 raise
         finally:
             os.close(fd)
-
-
-def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
-    """The part of a trajectory a report draws: each turn's text and action, and each search round's
-    sub-queries with the titles and scores each found (passage texts stay in the corpus)."""
-    return {
-        "turns": [
-            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason", "latency_s")}
-            for call in trajectory["llm_calls"]
-        ],
-        "search_rounds": [
-            {
-                "sub_queries": r["sub_queries"],
-                "latency_s": r["latency_s"],
-                "results": [{k: x[k] for k in ("sub_query", "passages", "error", "latency_s")} for x in r["results"]],
-            }
-            for r in trajectory["search_rounds"]
-        ],
-    }
 
 
 def _no_constant(name: str) -> Any:
@@ -115,8 +97,19 @@ def keep_previous_logs(run_dir: str | Path) -> Path | None:
 
 
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every logged rollout of a run (all processes)."""
-    return read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))
+    """Every logged rollout of a run (all processes), as ``episodes.episode_record`` shapes it."""
+    return [_current(r) for r in read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))]
+
+
+def _current(record: dict[str, Any]) -> dict[str, Any]:
+    """A line logged before rollouts kept an eval's record (the agent's ``stats`` nested, the timeline's ``turns``
+    and ``search_rounds`` at the top) in today's shape; other lines as they are."""
+    if "stats" not in record or "timeline" in record:
+        return record
+    line = dict(record)
+    stats = line.pop("stats")
+    line["timeline"] = {"turns": line.pop("turns", []), "search_rounds": line.pop("search_rounds", [])}
+    return line | {k: stats[k] for k in STATS if k in stats}
 
 
 def grpo_groups(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -154,7 +147,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "rollouts": len(records),
         "steps": len({r["step"] for r in records}),
         "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
-        **behaviour([r | r["stats"] for r in records]),  # the agent's stats count the search rounds the log lists
+        **behaviour(records),
         # collapse signals: groups whose rewards are all equal teach nothing; the mix of classes trained on
         "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
         "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},

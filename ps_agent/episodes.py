@@ -1,0 +1,116 @@
+"""One episode, one record: the line an eval's results file and a GRPO run's trajectory log both hold, the shape
+``report.py`` draws, and ``aggregate``, the one set of means over such lines that eval, the trajectory summaries
+and the benchmarks' tables report.
+
+A record is the question (``question_fields``), then what the agent did with it: its answer, the metrics against
+the golden answers, the reward components, the counts of the agent's ``stats``, and the ``timeline`` a page draws.
+An eval line adds its ``dataset`` and ``mode``; a rollout line its ``step`` and whether it was ``truncated``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
+from ps_agent.questions import question_class
+from ps_agent.rewards import DEFAULT_WEIGHTS, RewardWeights, format_valid, reward_components
+
+#: the counts of the agent's ``stats`` a record keeps
+STATS = ("llm_calls", "search_rounds", "decomposed", "forced_answer", "failed_searches", "latency_s")
+
+
+def question_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """What every record says of its question (a row: ``id``, ``prompt``, ``question_type``, ``golden_answers``)."""
+    return {
+        "id": row.get("id"),
+        "question": row["prompt"],
+        "question_type": row["question_type"],
+        "question_class": question_class(row["question_type"]),
+        "golden_answers": row["golden_answers"],
+    }
+
+
+def timeline_of(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """The part of a trajectory a report draws: each turn's text and action, and each search round's
+    sub-queries with the titles and scores each found (passage texts stay in the corpus)."""
+    return {
+        "turns": [
+            {k: call[k] for k in ("turn", "action", "completion", "completion_tokens", "finish_reason", "latency_s")}
+            for call in trajectory["llm_calls"]
+        ],
+        "search_rounds": [
+            {
+                "sub_queries": r["sub_queries"],
+                "latency_s": r["latency_s"],
+                "results": [{k: x[k] for k in ("sub_query", "passages", "error", "latency_s")} for x in r["results"]],
+            }
+            for r in trajectory["search_rounds"]
+        ],
+    }
+
+
+def episode_record(
+    row: dict[str, Any], out: dict[str, Any], weights: RewardWeights = DEFAULT_WEIGHTS
+) -> dict[str, Any]:
+    """One episode the agent ran (``out``: its ``answer``, ``trajectory`` and ``stats``) on the question ``row``:
+    answer, metrics, reward components (under ``weights``), turns, searches, latency and timeline."""
+    trajectory, stats = out["trajectory"], out["stats"]
+    answer, golden = out["answer"], row["golden_answers"]
+    return question_fields(row) | {
+        "answer": answer,
+        "em": exact_match(answer, golden),
+        "f1": f1_score(answer, golden),
+        "cover_em": cover_exact_match(answer, golden),
+        "rewards": reward_components(trajectory, golden, row["question_type"], weights),
+        "format_valid": format_valid(trajectory),
+        "sub_queries_per_round": [len(r["searched"]) for r in trajectory["search_rounds"]],
+        **{key: stats[key] for key in STATS},
+        "error": None,
+        "timeline": timeline_of(trajectory),
+    }
+
+
+def error_record(row: dict[str, Any], exc: BaseException, latency_s: float) -> dict[str, Any]:
+    """A question whose run failed (LLM or retriever): counted in the report, with its reason."""
+    return question_fields(row) | {"answer": None, "latency_s": latency_s, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def interval(statistics: np.ndarray) -> list[float]:
+    """The 95% percentile bootstrap interval of a statistic computed on each resample."""
+    return [float(np.percentile(statistics, 2.5)), float(np.percentile(statistics, 97.5))]
+
+
+def aggregate(
+    records: Sequence[dict[str, Any]], bootstrap: int = 0, rng: np.random.Generator | None = None
+) -> dict[str, Any]:
+    """Means over the records that ran, in percent where they are shares, and the count of those that errored.
+    ``bootstrap``: that many resamples of the questions (``rng``, default seeded 0) give 95% intervals on EM
+    and on turns (``em_ci``, ``turns_ci``)."""
+    ok = [r for r in records if r["error"] is None]
+    summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
+    if not ok:
+        return summary
+    seen = behaviour(ok)
+    em = np.array([100.0 * r["em"] for r in ok])
+    turns = np.array([float(r["llm_calls"]) for r in ok])
+    summary |= {
+        "em": float(em.mean()),
+        "f1": 100 * mean([r["f1"] for r in ok]),
+        "cover_em": 100 * mean([r["cover_em"] for r in ok]),
+        "decomposition_ratio": 100 * seen["decomposed"],
+        "format_valid": 100 * seen["format_valid"],
+        "forced_answer": 100 * seen["forced_answer"],
+        "seconds_per_question": mean([r["latency_s"] for r in ok]),
+        "turns": float(turns.mean()),
+        "search_rounds": seen["search_rounds"],
+        "two_rounds": 100 * mean([float(r["search_rounds"] >= 2) for r in ok]),
+        "reward": mean([r["rewards"]["total"] for r in ok]),
+    }
+    if bootstrap:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        resamples = rng.integers(0, len(ok), size=(bootstrap, len(ok)))
+        summary |= {"em_ci": interval(em[resamples].mean(axis=1)), "turns_ci": interval(turns[resamples].mean(axis=1))}
+    return summary
