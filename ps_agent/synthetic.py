@@ -22,6 +22,10 @@ from ps_agent.llms import Completion
 from ps_agent.protocol import render_answer, render_search
 from ps_agent.retrieval.corpus import passage_id
 
+#: the worlds gold episodes are made from (training/gold.py), and the one the benchmarks hold out from them
+TRAIN_SEEDS = (101, 102, 103, 104, 105, 106)
+HELD_OUT_SEED = 7
+
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr", "th"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ou"]
 _CODAS = ["", "n", "r", "l", "s", "th", "rk", "nd", "x"]

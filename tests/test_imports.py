@@ -107,6 +107,60 @@ def test_the_cycle_check_sees_a_cycle_and_a_hidden_import(tmp_path, monkeypatch)
         TopologicalSorter({name: imports(name)[0] for name in ("ps_agent.a", "ps_agent.b")}).prepare()
 
 
+def named_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in a file: ``from a.b import c`` names ``a.b`` and ``a.b.c``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def misplaced_imports(root: Path) -> list[str]:
+    """Imports across the lines a newcomer relies on: the library, the training code and the benchmarks never
+    import ``tests``; no training module imports an entry script; a benchmark script imports no other script, only
+    ``benchmarks.common``."""
+    scripts = {p.stem for p in (root / "benchmarks").glob("*.py")} - {"common"}
+    entry = {"training.run_grpo", "training.run_sft"}
+    bad = []
+    for path in sorted([*root.glob("ps_agent/**/*.py"), *root.glob("training/**/*.py"), *root.glob("benchmarks/*.py")]):
+        where = path.relative_to(root)
+        for line, name in named_imports(path):
+            top, module = name.split(".")[0], ".".join(where.with_suffix("").parts)
+            if (
+                top == "tests"
+                or (where.parts[0] == "training" and name in entry - {module})
+                or (
+                    where.parts[0] == "benchmarks"
+                    and (top in scripts or name.split(".")[:2] in [["benchmarks", s] for s in scripts])
+                )
+            ):
+                bad.append(f"{where}:{line} imports {name}")
+    return bad
+
+
+def test_no_library_imports_tests_and_no_script_imports_another():
+    assert misplaced_imports(ROOT) == []
+
+
+def test_the_misplaced_import_check_sees_each_kind(tmp_path):
+    files = {"ps_agent": "from tests.conftest import x\n", "training": "from training import run_grpo\n",
+             "benchmarks": "import paper_table\nfrom benchmarks.common import Run\n"}  # fmt: skip
+    for folder, text in files.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text(text)
+    (tmp_path / "benchmarks" / "paper_table.py").write_text("")
+    (tmp_path / "benchmarks" / "common.py").write_text("")
+    assert misplaced_imports(tmp_path) == [
+        "benchmarks/a.py:1 imports paper_table",
+        "ps_agent/a.py:1 imports tests.conftest",
+        "ps_agent/a.py:1 imports tests.conftest.x",
+        "training/a.py:1 imports training.run_grpo",
+    ]
+
+
 #: Run in one fresh interpreter: import the third-party libraries our modules use (torch, transformers, …: most
 #: of an import's time), then fork a child per module that imports it first. Each child starts with none of our
 #: modules imported, as a fresh interpreter would, without paying for torch again.

@@ -21,13 +21,13 @@ import httpx
 import pytest
 
 from ps_agent.configuration import AgentConfig
+from ps_agent.questions import SHARED_DATA
 from ps_agent.testing import SleepyRetriever
 from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise
 from training.data import DataError, load_questions, read_jsonl, to_row
 from training.rollout import AgentRollout, RolloutSettings, token_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
@@ -63,9 +63,9 @@ def test_builtin_and_hf_dataset_sources():
     assert load_questions(ds)[0]["prompt"] == "Q?"
 
 
-@pytest.mark.skipif(not (SHARED / "hotpotqa" / "dev.jsonl").is_file(), reason="../shared/data/hotpotqa is absent")
+@pytest.mark.skipif(not (SHARED_DATA / "hotpotqa" / "dev.jsonl").is_file(), reason="../shared/data/hotpotqa is absent")
 def test_shared_hotpotqa_rows():
-    rows = load_questions(SHARED / "hotpotqa" / "dev.jsonl")
+    rows = load_questions(SHARED_DATA / "hotpotqa" / "dev.jsonl")
     assert len(rows) == 660 and {r["question_type"] for r in rows} == {"bridge", "comparison"}
 
 

@@ -34,19 +34,16 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.llms import Completion, model_path, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
-from ps_agent.questions import question_class, read_split
+from ps_agent.questions import SHARED_DATA, question_class, read_split
 from ps_agent.runner import run_sync
 from ps_agent.state import Segment
-from ps_agent.synthetic import generate
+from ps_agent.synthetic import TRAIN_SEEDS, generate
 from training.arguments import add_agent_arguments
 from training.rollout import token_sequences
 
 logger = logging.getLogger("gold")
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHARED_SETS = ("hotpotqa", "2wikimultihopqa", "musique")
-#: Seeds of the synthetic worlds used for training; benchmarks hold out others (see benchmarks/learning.py).
-TRAIN_SEEDS = (101, 102, 103, 104, 105, 106)
 
 
 @dataclass
@@ -187,7 +184,7 @@ def passages_by_id(path: Path) -> dict[str, str]:
     return passages
 
 
-def shared_questions(name: str, part: str = "train", root: Path = SHARED) -> GoldSet:
+def shared_questions(name: str, part: str = "train", root: Path = SHARED_DATA) -> GoldSet:
     """The ``part`` of a shared dev file, with plans derived from supporting titles."""
     gold = GoldSet()
     folder = root / name

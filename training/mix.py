@@ -50,8 +50,9 @@ from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
 from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.rewards import forced
+from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
-from training.gold import SHARED_SETS, TRAIN_SEEDS, gold_questions
+from training.gold import SHARED_SETS, gold_questions
 from training.rollout import RolloutSettings, run_agents
 
 logger = logging.getLogger("mix")
