@@ -15,9 +15,10 @@
 5. Sync ``invoke`` in a loop with the HTTP retriever and ``ChatOpenAI`` against an OpenAI-compatible double:
    errors and open file descriptors.
 
-Each part is a module of ``benchmarks/attacks/``. Every case reports cases tried, failures and seconds; results go to benchmarks/results/reliability.{json,md}
-(``--out`` elsewhere). The LLMs, retrievers and HTTP servers marked "double" are test doubles, named as such;
-the agent, graph, protocol parser, retrieval client, retrieval server, eval, index build and trainer are real.
+Each part is a module of ``benchmarks/attacks/``. Every case reports cases tried, failures and seconds; results go
+to benchmarks/results/reliability.{json,md} (``--out`` elsewhere). The LLMs, retrievers and HTTP servers marked
+"double" are test doubles, named as such; the agent, graph, protocol parser, retrieval client, retrieval server,
+eval, index build and trainer are real.
 """
 
 from __future__ import annotations
