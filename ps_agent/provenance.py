@@ -19,9 +19,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from ps_agent.cache import file_checksum
 from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
 from ps_agent.protocol import Mode
-from ps_agent.retrieval.corpus import file_checksum
 from ps_agent.trajectories import read_records
 
 if TYPE_CHECKING:

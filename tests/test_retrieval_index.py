@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ps_agent.cache import file_checksum
 from ps_agent.retrieval import Passage, resolve_retriever
-from ps_agent.retrieval.corpus import CorpusError, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.corpus import CorpusError, load_embedded_corpus
 from ps_agent.retrieval.dense import (
     DenseRetriever,
     HybridRetriever,
@@ -241,11 +242,11 @@ def test_index_build_cli(corpus, tmp_path):
 
 
 def test_a_settled_file_is_checksummed_once_and_a_fresh_rewrite_is_read_again(tmp_path, monkeypatch):
-    from ps_agent.retrieval import corpus as corpus_module
+    from ps_agent import cache
 
     reads = []
-    sha1 = corpus_module._sha1
-    monkeypatch.setattr(corpus_module, "_sha1", lambda path: reads.append(path) or sha1(path))
+    sha1 = cache._sha1
+    monkeypatch.setattr(cache, "_sha1", lambda path: reads.append(path) or sha1(path))
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"a" * 1000)
     an_hour_ago = time.time() - 3600

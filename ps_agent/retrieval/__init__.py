@@ -10,10 +10,10 @@ from typing import Any
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 
-from ps_agent.cache import cache_dir
+from ps_agent.cache import cache_dir, file_checksum
 from ps_agent.retrieval.base import Passage, Retriever, SearchOutcome, resilient_search
 from ps_agent.retrieval.bm25 import BM25Retriever
-from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, load_embedded_corpus
 from ps_agent.retrieval.http import HTTPRetriever
 from ps_agent.retrieval.langchain import LangChainRetriever, VectorStoreRetriever
 from ps_agent.retrieval.store import load_jsonl_corpus

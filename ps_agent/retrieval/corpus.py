@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 from ps_agent.retrieval.base import Passage
@@ -45,34 +43,3 @@ def load_embedded_corpus() -> list[Passage]:
         for entry in summaries.values()
         if entry.get("extract")
     ]
-
-
-#: A file modified at least this long ago is settled: a later write changes its modification time.
-SETTLED_NS = 2_000_000_000
-
-
-def file_checksum(path: str | Path) -> str:
-    """sha1 of a file's bytes, to key caches and detect a changed corpus.
-
-    A settled file is read once per process, as long as its path, size and modification time stay the same
-    (an evaluation checksums a 540 MB model before its server starts and again when it runs). A file modified
-    in the last two seconds is always read: a rewrite within the file system's timestamp granularity keeps
-    the same modification time (git's "racily clean" rule)."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    if time.time_ns() - stat.st_mtime_ns < SETTLED_NS:
-        return _sha1(path)
-    return _settled_sha1(path, stat.st_size, stat.st_mtime_ns)
-
-
-def _sha1(path: Path) -> str:
-    digest = hashlib.sha1()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=256)
-def _settled_sha1(path: Path, size: int, mtime_ns: int) -> str:
-    return _sha1(path)

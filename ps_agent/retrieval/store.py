@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ps_agent.cache import written_whole
+from ps_agent.cache import file_checksum, written_whole
 from ps_agent.retrieval.base import Passage
-from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, file_checksum, load_embedded_corpus
+from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, load_embedded_corpus
 from ps_agent.text import lone_surrogates
 
 SCHEMA = pa.schema([("id", pa.string()), ("contents", pa.string())])
