@@ -29,7 +29,7 @@ from transformers import TrainerCallback  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import SHARED_DATA  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
-from ps_agent.trajectories import read_trajectories, summarise  # noqa: E402
+from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
 from training.data import load_questions  # noqa: E402
 from training.run_grpo import main as run_grpo  # noqa: E402
 
@@ -73,10 +73,10 @@ def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, 
 
 
 def curves(records: list[dict]) -> list[dict]:
-    """Per-step means of the logged rollouts (``trajectories.summarise`` of each step)."""
+    """Per-step means of the logged rollouts (``trajectories.summarise_rollouts`` of each step)."""
     rows = []
     for step in sorted({r["step"] for r in records}):
-        summary = summarise([r for r in records if r["step"] == step])
+        summary = summarise_rollouts([r for r in records if r["step"] == step])
         rows.append(
             {"step": step, "rollouts": summary["rollouts"]}
             | {f"reward/{k}": v for k, v in summary["rewards"].items()}

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ps_agent.trajectories import read_trajectories, summarise  # noqa: E402
+from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
 
 KEYS = {
     "reward": "reward",
@@ -53,7 +53,7 @@ def curves(folder: Path) -> dict:
     return {
         "checkpoint": str(checkpoints[-1]),
         "steps": [{"step": e["step"]} | {k: e.get(v) for k, v in KEYS.items()} for e in steps],
-        "rollouts": summarise(records),
+        "rollouts": summarise_rollouts(records),
     }
 
 

@@ -72,7 +72,7 @@ def policy_for(name: str, mode: str, concurrency: int) -> TransformersPolicy:
     return policy
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def by_policy(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per set × policy × mode, overall and per class."""
     out: dict[str, Any] = {}
     for r in records:
@@ -215,7 +215,7 @@ def main() -> None:
         "sets": {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in sets.items()},
         "held_out_seed": HELD_OUT_SEED,
         "baselines": {"sets": args.baseline_sets or list(sets), "per_type": args.baseline_per_set},
-        "summary": summarise(records),
+        "summary": by_policy(records),
         "calls_ratio_parallelisable": calls_ratio(records),
         "sft_loss": loss_curves({Path(r).name: ROOT / r for r in args.sft_runs}),
     }

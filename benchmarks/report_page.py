@@ -79,7 +79,7 @@ def shared_eval(pool: list[dict], out: Path) -> int:
                     | {
                         "id": row["id"],
                         "dataset": dataset,
-                        "question": row["prompt"],
+                        "question": row["question"],
                         "question_type": row["question_type"],
                         "question_class": question_class(row["question_type"]),
                         "golden_answers": row["golden_answers"],

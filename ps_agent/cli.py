@@ -334,12 +334,12 @@ def show_trajectories(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summarise a run's logged rollouts (rewards, decomposition by class, format) and show the latest."""
-    from ps_agent.trajectories import read_trajectories, summarise
+    from ps_agent.trajectories import read_trajectories, summarise_rollouts
 
     if not run_dir.is_dir():
         raise click.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
     records = read_trajectories(run_dir)
-    summary = summarise(records)
+    summary = summarise_rollouts(records)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

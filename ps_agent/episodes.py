@@ -23,10 +23,10 @@ STATS = ("llm_calls", "search_rounds", "decomposed", "forced_answer", "failed_se
 
 
 def question_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """What every record says of its question (a row: ``id``, ``prompt``, ``question_type``, ``golden_answers``)."""
+    """What every record says of its question (a row of ``questions.to_row``)."""
     return {
         "id": row.get("id"),
-        "question": row["prompt"],
+        "question": row["question"],
         "question_type": row["question_type"],
         "question_class": question_class(row["question_type"]),
         "golden_answers": row["golden_answers"],

@@ -171,7 +171,7 @@ async def _evaluate_one(
         started = time.time()
         try:
             record = eval_record(
-                row, dataset, mode, episode_record(row, await agent.ainvoke({"question": row["prompt"]}))
+                row, dataset, mode, episode_record(row, await agent.ainvoke({"question": row["question"]}))
             )
         except Exception as exc:  # the model or the retriever failed: the question is an error line
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)

@@ -1,7 +1,7 @@
 """Reporting an evaluation: read ``OUT/results``, aggregate it, and write the tables, plots and page.
 
-``read_results`` takes each question's latest line; ``summarise`` aggregates per dataset × mode and per dataset ×
-question class × mode (``episodes.aggregate``: the one set of means); ``report`` writes ``summary.json``,
+``read_results`` takes each question's latest line; ``summarise_results`` aggregates per dataset × mode and per
+dataset × question class × mode (``episodes.aggregate``: the one set of means); ``report`` writes ``summary.json``,
 ``report.md`` (the paper's layouts), ``plots.png`` and ``report.html`` (``ps-agent report OUT`` rebuilds the page).
 """
 
@@ -66,7 +66,7 @@ def read_results(out_dir: Path, complete: bool = False) -> list[dict[str, Any]]:
     return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r, complete)}.values())
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise_results(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per dataset × mode, and per dataset × class × mode."""
     datasets = sorted({r["dataset"] for r in records})
     modes = sorted({r["mode"] for r in records})
@@ -153,7 +153,7 @@ def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None
     records = read_results(out_dir, complete=True) if records is None else records
     if not records:
         raise ValueError(f"{out_dir / 'results'} holds no result line the report can read (each skipped one is logged)")
-    summary = summarise(records)
+    summary = summarise_results(records)
     path = out_dir / "report.html"
     page = render(
         kind="eval",
@@ -171,7 +171,7 @@ def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, 
     """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``."""
     out_dir = Path(out_dir)
     records = read_results(out_dir, complete=True)
-    summary = summarise(records)
+    summary = summarise_results(records)
     summary["skipped_lines"] = problems or []
     summary["runs"] = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -108,7 +108,7 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
             f"{sorted(known_types)}"
         )
     row = {
-        "prompt": question.strip(),
+        "question": question.strip(),
         "golden_answers": [g.strip() for g in golden],
         "question_type": question_type,
         "id": where if raw.get("id") is None else str(raw["id"]),
@@ -118,7 +118,7 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
         if not isinstance(corpus, str) or not corpus.strip():
             raise DataError(f"{where}: 'corpus' must be a corpus jsonl path, got {corpus!r}")
         row["corpus"] = corpus
-    for text in (row["prompt"], *row["golden_answers"], row["id"]):
+    for text in (row["question"], *row["golden_answers"], row["id"]):
         if found := lone_surrogates(text):  # JSON spells them ("\ud800"): no results file or tokenizer takes one
             raise DataError(
                 f"{where}: {found[0]!a} is not valid Unicode (a lone surrogate); expected text UTF-8 can encode"
@@ -129,7 +129,7 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
 def content_id(row: dict[str, Any]) -> str:
     """The id of a question row that has none: a hash of its question, answers and type. It does not depend
     on how the file's path is spelled or where the line sits, and an edited question gets a new id."""
-    content = json.dumps([row["prompt"], row["golden_answers"], row["question_type"]], ensure_ascii=False)
+    content = json.dumps([row["question"], row["golden_answers"], row["question_type"]], ensure_ascii=False)
     return "sha1-" + hashlib.sha1(content.encode("utf-8")).hexdigest()[:16]
 
 

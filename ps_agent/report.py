@@ -21,8 +21,7 @@ from markupsafe import Markup
 from ps_agent.metrics import mean
 from ps_agent.questions import QUESTION_CLASSES
 from ps_agent.rewards import COMPONENTS
-from ps_agent.trajectories import read_trajectories
-from ps_agent.trajectories import summarise as summarise_rollouts
+from ps_agent.trajectories import read_trajectories, summarise_rollouts
 
 _env = Environment(loader=PackageLoader("ps_agent", "templates"), autoescape=select_autoescape(default=True))
 

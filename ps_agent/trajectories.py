@@ -136,7 +136,7 @@ def split_advantage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {c: {"groups": len(d["total"])} | {k: mean(v) for k, v in d.items()} for c, d in sorted(diffs.items())}
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise_rollouts(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
     decomposition by class (``metrics.behaviour``), and the collapse signals."""
     if not records:

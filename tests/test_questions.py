@@ -25,7 +25,7 @@ def test_a_bad_line_is_an_error_naming_file_and_line_or_is_skipped(tmp_path, lin
     with pytest.raises(DataError, match=rf"q\.jsonl:2: {message}"):
         read_jsonl(path)
     problems: list[str] = []
-    assert [r["prompt"] for r in read_jsonl(path, problems=problems)] == ["Who?", "Where?"]
+    assert [r["question"] for r in read_jsonl(path, problems=problems)] == ["Who?", "Where?"]
     assert len(problems) == 1 and problems[0].startswith(f"{path}:2: ")
 
 

