@@ -30,6 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def figure(out: Path) -> Path:
+    """Where the figure of the results ``out`` (``DIR/NAME``, written as ``NAME.md`` and ``NAME.json``) goes:
+    ``DIR/figures/NAME.png``, so the top of a results folder holds one current set of tables per benchmark."""
+    (out.parent / "figures").mkdir(parents=True, exist_ok=True)
+    return out.parent / "figures" / f"{out.name}.png"
+
+
 def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
     """Question files (each beside its ``corpus.jsonl``): the held-out synthetic world, and a sample of the
     validation parts of HotpotQA and 2Wiki spread evenly over their types."""
@@ -230,7 +237,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def paper_tables(
     runs: list[Run], ours: str | None, baseline: str | None, bootstrap: int, out: Path, seed: int = 0
 ) -> dict[str, Any]:
-    """Every table (``compare``) written to ``OUT.json``, ``OUT.md`` and ``OUT.png``, with the ``paper_table.py``
+    """Every table (``compare``) written to ``OUT.json``, ``OUT.md`` and ``figure(OUT)``, with the ``paper_table.py``
     command that makes them again from the same eval folders."""
     known = {run.name for run in runs}
     for flag, name in (("--ours", ours), ("--baseline", baseline)):
@@ -247,5 +254,5 @@ def paper_tables(
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result, result["command"]))
     if result["by_class"]:
-        plot(result, out.with_suffix(".png"))
+        plot(result, figure(out))
     return result

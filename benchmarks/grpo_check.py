@@ -7,7 +7,7 @@ Trains on a balanced sample of comparison (parallelisable) and bridge (sequentia
 ../shared/data/hotpotqa/dev.jsonl with its corpus (``--source hotpotqa``), each searched with BM25.
 Reads the run's trajectory log and writes, per step, the total reward and each component, the
 decomposition ratio on parallelisable and on sequential questions, search rounds, format validity and
-forced answers to benchmarks/results/grpo_check.json, with curves in grpo_check.png and a summary in
+forced answers to benchmarks/results/grpo_check.json, with curves in figures/grpo_check.png and a summary in
 grpo_check.md. The check: rewards and decomposition of parallelisable questions rise over the run while
 false decompositions of sequential questions do not.
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from benchmarks.common import figure  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import SHARED_DATA  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
@@ -164,7 +165,7 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grpo_check.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(rows, args.out / "grpo_check.png")
+    plot(rows, figure(args.out / "grpo_check"))
     lines = [
         "# Learning check (GRPO, SmolLM2-135M + LoRA, CPU)",
         "",

@@ -6,7 +6,7 @@ within a group, by question class.
 
 Each run folder's newest ``checkpoint-*/trainer_state.json`` holds TRL's log history; ``trajectories-*.jsonl`` the
 rollouts. ``NAME=RUN_DIR/checkpoint-N`` reads a run up to that checkpoint (to set a longer run beside shorter ones).
-Writes ``benchmarks/results/grpo_runs.{json,md,png}``.
+Writes ``benchmarks/results/grpo_runs.{json,md}`` and ``figures/grpo_runs.png``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import figure  # noqa: E402
 from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
 
 KEYS = {
@@ -129,7 +130,7 @@ def main() -> None:
         ax.set_xlabel("optimizer step")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    fig.savefig(figure(args.out), dpi=110)
     print("\n".join(lines))
 
 

@@ -11,7 +11,8 @@ for the untrained base model, the base model with the one-shot demonstration, an
 (``smollm2``: the ParallelSearch adapter in parallel mode, the Search-R1 adapter in sequential mode).
 Writes, per set, policy, mode and question class: format-valid %, decomposition ratio (decomposed or not, by
 class: the confusion matrix), EM, F1, LLM calls per question, forced-answer %, seconds per question; and the
-SFT loss curves, to benchmarks/results/learning.{json,md,png}. Results per question stay in --run-dir.
+SFT loss curves, to benchmarks/results/learning.{json,md} and figures/learning.png. Results per question stay in
+--run-dir.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, held_out_sets  # noqa: E402
+from benchmarks.common import RESULTS, figure, held_out_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
@@ -222,7 +223,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "learning.md").write_text(markdown(result))
-    plot(result, args.out / "learning.png")
+    plot(result, figure(args.out / "learning"))
     print(markdown(result))
 
 

@@ -6,7 +6,7 @@
 
 Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder and the mode whose lines stand for that model
 (default ``parallel``; a Search-R1 baseline is read in ``sequential`` mode). Writes ``OUT.md``, ``OUT.json`` and
-``OUT.png``:
+``figures/OUT.png`` beside them:
 
 - Table 3 layout: per dataset and question class, for every model, EM, decomposition ratio %, seconds per
   question and turns (LLM calls), with 95% percentile bootstrap intervals on EM and turns (questions resampled);

@@ -9,7 +9,7 @@ and the timeline of a pool record of its mode (cycled), so the page has the shar
 text, sub-queries and passages. Measured in Debian's headless Chromium (Selenium): file size, time to load
 the page and draw the first page of the list (the navigation's ``loadEventEnd``), to filter, and to draw a
 trajectory; median of 3 loads.
-Results: ``benchmarks/results/report_page.{json,md}``, and ``report_page.png``: a screenshot of the pool's own
+Results: ``benchmarks/results/report_page.{json,md}``, and ``figures/report_page.png``: a screenshot of the pool's own
 report (real questions with their own trajectories).
 """
 
@@ -26,19 +26,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
-
-from ps_agent.eval import EvalSettings, dataset_name, evaluate
-from ps_agent.eval_report import html_report, read_results
-from ps_agent.questions import SHARED_DATA, question_class, read_jsonl
-from ps_agent.trajectories import TrajectoryLog
-
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from benchmarks.common import RESULTS, figure  # noqa: E402
+from ps_agent.eval import EvalSettings, dataset_name, evaluate  # noqa: E402
+from ps_agent.eval_report import html_report, read_results  # noqa: E402
+from ps_agent.questions import SHARED_DATA, question_class, read_jsonl  # noqa: E402
+from ps_agent.trajectories import TrajectoryLog  # noqa: E402
+
 # ms from navigation start to the end of the load event (the page's script has drawn the list by then), once known
 LOADED = "const n = performance.getEntriesByType('navigation')[0]; return n.loadEventEnd > 0 ? n.loadEventEnd : null"
 
@@ -152,7 +154,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pool, pool_dir = pool_records(args.pool, args.pool_questions, work)
-        screenshot(html_report(pool_dir), RESULTS / "report_page.png")
+        screenshot(html_report(pool_dir), figure(RESULTS / "report_page"))
         questions = shared_eval(pool, work / "shared")
         built = time.time()
         page = html_report(work / "shared")
@@ -181,7 +183,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|\n"
         f"| {result['size_mb']:.1f} | {build_s:.1f} | {result['load_ms']:.0f} | {result['filter_ms']:.0f} | "
         f"{result['trajectory_ms']:.0f} | < 20 MB, < 2 s | {verdict} |\n\n"
-        f"![the report page of the {len(pool)} real eval records](report_page.png)\n"
+        f"![the report page of the {len(pool)} real eval records](figures/report_page.png)\n"
     )
     print((RESULTS / "report_page.md").read_text())
 

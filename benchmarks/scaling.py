@@ -5,7 +5,8 @@ world, parallel vs sequential mode, for the gold-plan oracle and for SmolLM2, ag
 
 The oracle (a benchmark double) searches each question's gold plan, so its numbers are the best any
 policy can do through this graph and index; the searches carry an injected latency so that wall-clock
-reflects search time as it would against a real backend. Writes benchmarks/results/scaling.{json,md,png}.
+reflects search time as it would against a real backend. Writes benchmarks/results/scaling.{json,md} and
+figures/scaling.png.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import figure  # noqa: E402
 from ps_agent import ParallelSearchAgent  # noqa: E402
 from ps_agent.metrics import exact_match  # noqa: E402
 from ps_agent.retrieval import resolve_retriever  # noqa: E402
@@ -142,7 +144,7 @@ def main() -> None:
               "rows": rows, "table": summary}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(rows, args.out / "scaling.png")
+    plot(rows, figure(args.out / "scaling"))
     lines = ["# Scaling on the synthetic world", "", f"`{result['command']}` (search latency {args.latency_ms:g} ms)",
              "", "| policy | setting | mode | n | LLM calls | optimum | s/question | EM % | decomposed % |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

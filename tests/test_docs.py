@@ -30,5 +30,7 @@ def test_the_benchmarks_index_names_every_script():
 
 
 def test_results_keep_one_current_set_at_the_top():
+    """Issue 28: tables at the top, their figures in figures/, older variants in archive/."""
     top = list((ROOT / "benchmarks" / "results").iterdir())
-    assert len(top) <= 40, sorted(p.name for p in top)
+    assert len(top) <= 30, sorted(p.name for p in top)
+    assert not [p.name for p in top if p.suffix == ".png"]

@@ -78,7 +78,9 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     text = out.with_suffix(".md").read_text()
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
     assert "| ours | 60.0 | – | 60.0 |" in text  # Table 2: EM per benchmark, average over those it ran
-    assert "| hotpotqa/parallelisable | 4 | 25.0 [" in text and out.with_suffix(".png").stat().st_size > 0
+    assert (
+        "| hotpotqa/parallelisable | 4 | 25.0 [" in text and (tmp_path / "figures" / "table.png").stat().st_size > 0
+    )  # the figure beside the tables
     pooled = result["pooled"]  # Table 4: every dataset together, one line per model
     assert pooled["all"]["search-r1"]["n"] == 5 and pooled["all"]["search-r1"]["em"] == 60.0  # hotpotqa and nq
     assert pooled["sequential"]["ours"]["decomposition_ratio"] == 0.0 and "search-r1" not in pooled["sequential"]

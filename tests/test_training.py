@@ -248,7 +248,7 @@ def dynamic_sampling_setup(tokenizer, tmp_path, oversample: int):
     policy = ScriptedAnswers(tokenizer, {f"Question {k}?": v for k, v in script.items()})
     settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()), dynamic_sampling=2, oversample=oversample)
     rollout = AgentRollout(settings, rows, tmp_path)
-    rollout._policy = lambda trainer, n: policy  # the scripted policy instead of the trainer's model
+    rollout.policy = lambda trainer, n: policy  # the scripted policy instead of the trainer's model
     return rollout, SimpleNamespace(train=lambda mode: None, eval=lambda: None, training=True)
 
 

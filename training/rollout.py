@@ -208,66 +208,113 @@ def zero_std_groups(totals: Sequence[float], group_size: int) -> list[int]:
     return [g for g, values in enumerate(groups) if max(values) - min(values) < 1e-9]
 
 
+class WeightSync:
+    """The server side of the ``openai`` backend: after each optimizer step, the server gets the new policy. It
+    saves the LoRA adapter and loads it under a new name, unloading the one before (``lora``), or reloads the
+    merged weights (``reload``: the served model keeps its name, ``None`` asks the server for it)."""
+
+    def __init__(self, settings: RolloutSettings, output_dir: Path) -> None:
+        self.url, self.mode, self.output_dir = settings.openai_base_url, settings.weight_sync, output_dir
+        self.step: int | None = None
+        self.name: str | None = None
+
+    def __call__(self, trainer: Any) -> str | None:
+        """The served model's name for the trainer's current step, synced once per step."""
+        step = trainer.state.global_step
+        if step == self.step:
+            return self.name
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        name = None if self.mode == "reload" else f"policy-step-{step}"
+        if trainer.accelerator.is_main_process:
+            if self.mode == "reload":
+                folder = self.output_dir / "served-policy" / f"step-{step}"
+                save_merged(model, folder)
+                reload_weights(self.url, folder)
+                for old in folder.parent.glob("step-*"):
+                    if old != folder:
+                        shutil.rmtree(old, ignore_errors=True)
+                logger.info("reloaded %s with the policy of step %d", self.url, step)
+            else:
+                path = (self.output_dir / "adapters" / name).resolve()
+                model.save_pretrained(path)
+                load_adapter(self.url, name, path)
+                logger.info("loaded adapter %s into %s", name, self.url)
+                if self.name is not None:
+                    unload_adapter(self.url, self.name)
+        trainer.accelerator.wait_for_everyone()
+        self.step, self.name = step, name
+        return name
+
+
+def rollout_policy(settings: RolloutSettings, trainer: Any, rollouts: int, sync: WeightSync) -> Any:
+    """The policy being trained, as the backend serves it for a batch of ``rollouts``."""
+    if settings.backend == "hf":
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        policy = TransformersPolicy(
+            model, trainer.processing_class, temperature=settings.temperature, top_p=settings.top_p
+        )
+        policy.expected = rollouts  # gather every active rollout's turn into one batch
+        return policy
+    if settings.backend == "openai":
+        return OpenAICompletionsPolicy(
+            settings.openai_base_url,
+            model=sync(trainer),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            tokenizer=trainer.processing_class,
+        )
+    return TRLVLLMPolicy(trainer, rollouts)
+
+
+def resample_zero_std_groups(
+    prompts: list[str],
+    outs: list[dict[str, Any]],
+    size: int,
+    fresh_pool: list[str],
+    rollout: Callable[[list[str]], list[dict[str, Any]]],
+    total: Callable[[str, dict[str, Any]], float],
+    settings: RolloutSettings,
+    log_metric: Callable[[str, float], None],
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """DAPO's dynamic sampling: put groups (``size`` rollouts of a prompt) of fresh questions, drawn in order from
+    ``fresh_pool``, whose rewards (``total``) differ in the place of groups whose rewards are all equal, for up to
+    ``settings.dynamic_sampling`` rounds of ``rollout``."""
+    starts = range(0, len(prompts), size)
+    if len(prompts) % size or any(len(set(prompts[i : i + size])) != 1 for i in starts):
+        logger.warning("dynamic sampling skipped: this process's prompts are not whole groups of %d", size)
+        return prompts, outs
+    zero = zero_std_groups([total(p, o) for p, o in zip(prompts, outs, strict=True)], size)
+    log_metric("rollout/frac_reward_zero_std_before", len(zero) / (len(prompts) // size))
+    pool, drawn, rounds = list(fresh_pool), 0, 0
+    while zero and pool and rounds < settings.dynamic_sampling:
+        rounds += 1
+        fresh, pool = pool[: settings.oversample * len(zero)], pool[settings.oversample * len(zero) :]
+        drawn += len(fresh)
+        tried = [p for p in fresh for _ in range(size)]
+        tried_outs = rollout(tried)
+        dead = set(zero_std_groups([total(p, o) for p, o in zip(tried, tried_outs, strict=True)], size))
+        kept = [g for g in range(len(fresh)) if g not in dead]
+        for g in kept[: len(zero)]:
+            slot = zero.pop(0) * size
+            prompts[slot : slot + size] = tried[g * size : (g + 1) * size]
+            outs[slot : slot + size] = tried_outs[g * size : (g + 1) * size]
+    log_metric("rollout/resample_rounds", float(rounds))
+    log_metric("rollout/resampled_questions", float(drawn))
+    return prompts, outs
+
+
 class AgentRollout:
     """TRL ``rollout_func``: one agent rollout per prompt, its trajectory for the reward functions, a log line
-    and the rollout metrics; with ``settings.dynamic_sampling``, zero-variance groups are replaced."""
+    and the rollout metrics; with ``settings.dynamic_sampling``, zero-variance groups are replaced. It holds what
+    lasts across batches: the rows by question, the weight sync, and the last batch's generation sizes."""
 
     def __init__(self, settings: RolloutSettings, rows: Sequence[dict[str, Any]], output_dir: str | Path) -> None:
         self.settings = settings
         self.rows = {row["question"]: row for row in rows}  # TRL's prompts are the rows' questions
         self.output_dir = Path(output_dir)
-        self._adapter_step: int | None = None
-        self._adapter_name: str | None = None
+        self.sync = WeightSync(settings, self.output_dir)
+        self.policy: Callable[[Any, int], Any] = lambda trainer, n: rollout_policy(settings, trainer, n, self.sync)
         self.generation_batches: list[int] = []  # batch sizes of the last rollout's generations (hf, trl-vllm)
-
-    # -- policies --------------------------------------------------------------------------------
-
-    def _policy(self, trainer: Any, rollouts: int) -> Any:
-        s = self.settings
-        if s.backend == "hf":
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            policy = TransformersPolicy(model, trainer.processing_class, temperature=s.temperature, top_p=s.top_p)
-            policy.expected = rollouts  # gather every active rollout's turn into one batch
-            return policy
-        if s.backend == "openai":
-            return OpenAICompletionsPolicy(
-                s.openai_base_url,
-                model=self._sync_adapter(trainer),
-                temperature=s.temperature,
-                top_p=s.top_p,
-                tokenizer=trainer.processing_class,
-            )
-        return TRLVLLMPolicy(trainer, rollouts)
-
-    def _sync_adapter(self, trainer: Any) -> str | None:
-        """After each optimizer step, give the server the new policy: save the LoRA adapter and load it under a
-        new name, unloading the one before (``lora``), or reload the merged weights (``reload``: the served
-        model keeps its name, ``None`` here asks the server for it)."""
-        step = trainer.state.global_step
-        if step != self._adapter_step:
-            url, model = self.settings.openai_base_url, trainer.accelerator.unwrap_model(trainer.model)
-            name = None if self.settings.weight_sync == "reload" else f"policy-step-{step}"
-            if trainer.accelerator.is_main_process:
-                if self.settings.weight_sync == "reload":
-                    folder = self.output_dir / "served-policy" / f"step-{step}"
-                    save_merged(model, folder)
-                    reload_weights(url, folder)
-                    for old in folder.parent.glob("step-*"):
-                        if old != folder:
-                            shutil.rmtree(old, ignore_errors=True)
-                    logger.info("reloaded %s with the policy of step %d", url, step)
-                else:
-                    path = (self.output_dir / "adapters" / name).resolve()
-                    model.save_pretrained(path)
-                    load_adapter(url, name, path)
-                    logger.info("loaded adapter %s into %s", name, url)
-                    if self._adapter_name is not None:
-                        unload_adapter(url, self._adapter_name)
-            trainer.accelerator.wait_for_everyone()
-            self._adapter_step, self._adapter_name = step, name
-        return self._adapter_name
-
-    # -- rollouts --------------------------------------------------------------------------------
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         missing = [p for p in prompts if p not in self.rows]
@@ -278,9 +325,15 @@ class AgentRollout:
         model.eval()
         started = time.monotonic()
         try:
-            outs = self._rollouts(prompts, trainer)
+            outs = self.rollout(prompts, trainer)
             if self.settings.dynamic_sampling:
-                prompts, outs = self._refill(list(prompts), outs, trainer)
+                seed = f"{self.settings.seed}-{trainer.state.global_step}-{trainer.accelerator.process_index}"
+                pool = sorted(set(self.rows) - set(prompts))
+                random.Random(seed).shuffle(pool)
+                prompts, outs = resample_zero_std_groups(
+                    list(prompts), outs, trainer.num_generations, pool, lambda tried: self.rollout(tried, trainer),
+                    self.total, self.settings, trainer._log_metric,
+                )  # fmt: skip
         finally:
             model.train(was_training)
         seconds = time.monotonic() - started
@@ -312,54 +365,19 @@ class AgentRollout:
             "question_type": [row["question_type"] for row in rows],
         }
 
-    def _rollouts(self, prompts: list[str], trainer: Any) -> list[dict[str, Any]]:
-        policy = self._policy(trainer, len(prompts))
+    def rollout(self, prompts: list[str], trainer: Any) -> list[dict[str, Any]]:
+        """One agent run per prompt, all at once, with the policy of this step."""
+        policy = self.policy(trainer, len(prompts))
         with ctrl_c_interrupts():
-            outs = asyncio.run(self._run_all(prompts, policy))
+            outs = asyncio.run(run_agents([self.rows[p] for p in prompts], policy, self.settings))
         self.generation_batches = getattr(policy, "batch_sizes", [])
         return outs
 
-    def _total(self, prompt: str, out: dict[str, Any]) -> float:
+    def total(self, prompt: str, out: dict[str, Any]) -> float:
         """The reward the reward functions will give this rollout (their sum)."""
         row = self.rows[prompt]
         weights = self.settings.reward_weights
         return reward_components(out["trajectory"], row["golden_answers"], row["question_type"], weights)["total"]
-
-    def _refill(
-        self, prompts: list[str], outs: list[dict[str, Any]], trainer: Any
-    ) -> tuple[list[str], list[dict[str, Any]]]:
-        """DAPO's dynamic sampling: put groups of fresh questions whose rewards differ in the place of groups
-        whose rewards are all equal, for up to ``dynamic_sampling`` rounds."""
-        size = trainer.num_generations
-        starts = range(0, len(prompts), size)
-        if len(prompts) % size or any(len(set(prompts[i : i + size])) != 1 for i in starts):
-            logger.warning("dynamic sampling skipped: this process's prompts are not whole groups of %d", size)
-            return prompts, outs
-        zero = zero_std_groups([self._total(p, o) for p, o in zip(prompts, outs, strict=True)], size)
-        groups = len(prompts) // size
-        trainer._log_metric("rollout/frac_reward_zero_std_before", len(zero) / groups)
-        rng = random.Random(f"{self.settings.seed}-{trainer.state.global_step}-{trainer.accelerator.process_index}")
-        pool = sorted(set(self.rows) - set(prompts))
-        rng.shuffle(pool)
-        drawn = rounds = 0
-        while zero and pool and rounds < self.settings.dynamic_sampling:
-            rounds += 1
-            fresh, pool = pool[: self.settings.oversample * len(zero)], pool[self.settings.oversample * len(zero) :]
-            drawn += len(fresh)
-            tried = [p for p in fresh for _ in range(size)]
-            tried_outs = self._rollouts(tried, trainer)
-            dead = set(zero_std_groups([self._total(p, o) for p, o in zip(tried, tried_outs, strict=True)], size))
-            kept = [g for g in range(len(fresh)) if g not in dead]
-            for g in kept[: len(zero)]:
-                slot = zero.pop(0) * size
-                prompts[slot : slot + size] = tried[g * size : (g + 1) * size]
-                outs[slot : slot + size] = tried_outs[g * size : (g + 1) * size]
-        trainer._log_metric("rollout/resample_rounds", float(rounds))
-        trainer._log_metric("rollout/resampled_questions", float(drawn))
-        return prompts, outs
-
-    async def _run_all(self, prompts: list[str], policy: Any) -> list[dict[str, Any]]:
-        return await run_agents([self.rows[p] for p in prompts], policy, self.settings)
 
 
 async def run_agents(
