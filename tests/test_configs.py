@@ -70,6 +70,7 @@ def test_training_scripts_parse_to_the_cpu_without_a_gpu_and_flags_override(monk
     from training.run_grpo import parse
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)  # as on an AVX2 CPU
     config = parse([])[1]
     assert config.use_cpu is True and config.bf16 is False
     assert parse(["--use_cpu", "false", "--bf16", "false"])[1].use_cpu is False
