@@ -127,6 +127,39 @@ def test_the_shipped_adapters_configs_parse(mode):
     assert args.episodes == f"runs/gold/{mode}.jsonl" and args.lora_r == 16 and sft.max_length == 896
 
 
+class AutocastAcceleratorDouble:
+    """Test double: an Accelerator's ``autocast()`` for a bf16 run, or for a float32 one (Accelerate's state is one
+    per process, so a test cannot build both)."""
+
+    def __init__(self, bf16: bool) -> None:
+        self.bf16 = bf16
+
+    def autocast(self):
+        import torch
+
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-run", "float32-run"])
+def test_the_trained_positions_loss_runs_in_the_precision_of_the_run(tiny_model, episodes_file, bf16):
+    """The loss calls the decoder past the model's forward, which Accelerate wraps in the run's autocast: a bf16
+    run trained it in float32 (half the speed of the full loss on a CPU with native bf16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.run_sft import _own_loss_trainer
+
+    _, episodes = episodes_file
+    row = sft_example(episodes[0])
+    batch = {"input_ids": torch.tensor([row["input_ids"]]), "labels": torch.tensor([row["labels"]])}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    trainer = type("TrainerDouble", (), {"accelerator": AutocastAcceleratorDouble(bf16)})()
+    _own_loss_trainer("trained_positions").compute_loss(trainer, model, batch)
+    assert seen == [torch.bfloat16 if bf16 else torch.float32]
+
+
 def test_the_trained_positions_loss_equals_the_models_own_loss_and_gradient(tiny_model, episodes_file):
     """The LM head on the labelled positions only gives the full-logits cross-entropy and the same gradients,
     on the bare model and through a LoRA wrapper."""

@@ -940,3 +940,23 @@ def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_roll
         {"id": "mixed", "pass_rate": 0.5},
         {"id": "full", "pass_rate": 0.5},  # the failed rollout is a miss; the other rollouts went on
     ]
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-run", "float32-run"])
+def test_hf_rollouts_generate_in_the_precision_the_run_trains_in(tiny_model, bf16):
+    """A bf16 run generated its hf rollouts in float32: half the speed on a CPU with native bf16, and other
+    numbers than the ones it trains on."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.rollout import WeightSync, rollout_policy
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    trainer = trainer_double(model, tokenizer)
+    trainer.args = SimpleNamespace(bf16=bf16)
+    settings = RolloutSettings()
+    policy = rollout_policy(settings, trainer, 1, WeightSync(settings, Path("unused")))
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    policy.generate([tokenizer("Who?").input_ids], stop=["</answer>"], max_tokens=2)
+    assert seen and set(seen) == {torch.bfloat16 if bf16 else torch.float32}

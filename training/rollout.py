@@ -250,8 +250,13 @@ def rollout_policy(settings: RolloutSettings, trainer: Any, rollouts: int, sync:
     """The policy being trained, as the backend serves it for a batch of ``rollouts``."""
     if settings.backend == "hf":
         model = trainer.accelerator.unwrap_model(trainer.model)
+        bf16 = getattr(getattr(trainer, "args", None), "bf16", False)  # generate in the precision it trains in
         policy = TransformersPolicy(
-            model, trainer.processing_class, temperature=settings.temperature, top_p=settings.top_p
+            model,
+            trainer.processing_class,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            autocast=torch.bfloat16 if bf16 else None,
         )
         policy.expected = rollouts  # gather every active rollout's turn into one batch
         return policy

@@ -211,7 +211,10 @@ def _own_loss_trainer(loss: str):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if loss == "full":
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
-            return trained_positions_loss(model, inputs, num_items_in_batch)
+            # the decoder is called past the model's forward, which Accelerate wraps in the run's autocast:
+            # without this, bf16 runs trained this loss in float32 (half the speed of the full loss on a CPU)
+            with self.accelerator.autocast():
+                return trained_positions_loss(model, inputs, num_items_in_batch)
 
     return OwnLossSFTTrainer
 

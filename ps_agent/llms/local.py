@@ -41,11 +41,13 @@ class TransformersPolicy:
         temperature: float = 0.0,
         top_p: float = 1.0,
         batch_window_s: float = 2.0,
+        autocast: Any = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
+        self.autocast = autocast  # a dtype (torch.bfloat16): generate under autocast, as a bf16 training run trains
         self.batch_sizes: list[int] = []  # sizes of the batches generated, for inspection
         self._lock = threading.Lock()  # one generate() at a time: a CPU model gains nothing from more
         self._batcher: MicroBatcher[_Turn, Completion] = MicroBatcher(
@@ -101,7 +103,8 @@ class TransformersPolicy:
         input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
         attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
         sample = self.temperature > 0
-        with self._lock, torch.no_grad():
+        precision = torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None)
+        with self._lock, torch.no_grad(), precision:
             out = self.model.generate(
                 input_ids,
                 attention_mask=attention,
