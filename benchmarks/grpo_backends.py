@@ -155,8 +155,9 @@ def main() -> None:
     lines = [
         f"# GRPO step time, {args.base} from its SFT adapter: {', '.join(variants)}",
         "",
-        f"`{result['command']}` on a CPU with {result['cpu']}; {episodes} episodes a step ({args.questions} question(s) "
-        f"× {args.num_generations} rollouts; the trainer in the precision run_grpo.py picks unless a variant says).",
+        f"`{result['command']}` on a CPU with {result['cpu']}; {episodes} episodes a step ({args.questions} "
+        f"question(s) × {args.num_generations} rollouts; the trainer in the precision run_grpo.py picks unless a "
+        "variant says).",
         "",
         "| variant | setup s | first step s | step s (median after the first) | steps/hour | step speed-up "
         "| rollout s per step | rollout speed-up | rollout tokens/s | trainer peak RSS GiB |",
