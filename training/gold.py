@@ -583,7 +583,12 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
     whose passage gave a date to quote."""
     planned = len(gold.questions)
     ran = built + skipped["a gold passage was not retrieved"]
-    compared = [s for q in gold.questions if q.source != "synthetic" and q.type == "comparison" for s in q.plan[0]]
+    compared = [
+        s
+        for q in gold.questions
+        if q.source != "synthetic" and question_class(q.type) == "parallelisable"
+        for s in q.plan[0]
+    ]
     tokens = [len(e["prompt_ids"]) + len(e["completion_ids"]) for e in episodes]
     return {
         "questions_with_plan": planned,
