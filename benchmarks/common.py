@@ -37,6 +37,17 @@ def figure(out: Path) -> Path:
     return out.parent / "figures" / f"{out.name}.png"
 
 
+def write_set(out: Path, records: list[dict[str, Any]], corpus: Path | None) -> Path:
+    """``OUT/questions.jsonl`` of ``records``, and ``OUT/corpus.jsonl`` linked to ``corpus`` unless it is None (an
+    eval's ``retriever="auto"`` then searches the embedded corpus) or already there."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "questions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if corpus is not None and not (out / "corpus.jsonl").exists():
+        (out / "corpus.jsonl").symlink_to(corpus.resolve())
+    return path
+
+
 def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
     """Question files (each beside its ``corpus.jsonl``): the held-out synthetic world, and a sample of the
     validation parts of HotpotQA and 2Wiki spread evenly over their types."""
@@ -53,13 +64,7 @@ def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
             by_type[record["type"]].append(record)
         take = per_set // len(by_type)
         sample = [r for t in sorted(by_type) for r in rng.sample(by_type[t], min(take, len(by_type[t])))]
-        (out / name).mkdir(parents=True, exist_ok=True)
-        path = out / name / "questions.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in sample))
-        corpus = out / name / "corpus.jsonl"
-        if not corpus.exists():
-            corpus.symlink_to(folder / "corpus.jsonl")
-        sets[name] = path
+        sets[name] = write_set(out / name, sample, folder / "corpus.jsonl")
     return sets
 
 

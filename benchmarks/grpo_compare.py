@@ -19,7 +19,6 @@ no corpus of their own: the embedded Wikipedia summaries). Eval folders go to ``
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import Run, held_out_sets, paper_tables  # noqa: E402
+from benchmarks.common import Run, held_out_sets, paper_tables, write_set  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
@@ -48,13 +47,8 @@ def extra_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
             continue
         records = read_split(folder / "dev.jsonl", "validation")
         sample = random.Random(seed).sample(records, min(per_set, len(records)))
-        (out / name).mkdir(parents=True, exist_ok=True)
-        path = out / name / "questions.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in sample))
-        corpus = out / name / "corpus.jsonl"
-        if (folder / "corpus.jsonl").is_file() and not corpus.exists():
-            corpus.symlink_to(folder / "corpus.jsonl")
-        sets[name] = path
+        corpus = folder / "corpus.jsonl"
+        sets[name] = write_set(out / name, sample, corpus if corpus.is_file() else None)
     return sets
 
 

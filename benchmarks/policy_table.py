@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, Run, paper_tables  # noqa: E402
+from benchmarks.common import RESULTS, Run, paper_tables, write_set  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
@@ -68,13 +68,8 @@ def validation_sets(
             continue
         if name == "nq" and nq < len(records):
             records = random.Random(seed).sample(records, nq)
-        (out / name).mkdir(parents=True, exist_ok=True)
-        path = out / name / "questions.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        corpus = out / name / "corpus.jsonl"
-        if (folder / "corpus.jsonl").is_file() and not corpus.exists():
-            corpus.symlink_to((folder / "corpus.jsonl").resolve())
-        sets[name] = path
+        corpus = folder / "corpus.jsonl"
+        sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
     return sets
 
 
