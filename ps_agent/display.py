@@ -71,8 +71,18 @@ def print_rollouts(summary: dict[str, Any], latest: list[dict[str, Any]]) -> Non
     table.add_column("mean", justify="right")
     for name, value in summary["rewards"].items():
         table.add_row(f"reward/{name}", f"{value:+.3f}")
-    for name in ("format_valid", "forced_answer", "search_rounds", "zero_std_groups"):
-        if summary.get(name) is not None:  # zero_std_groups: none without groups of two or more rollouts
+    for name in (
+        "format_valid",
+        "forced_answer",
+        "search_rounds",
+        "over_search",
+        "under_search",
+        "think_words",
+        "zero_std_groups",
+    ):
+        if (
+            summary.get(name) is not None
+        ):  # zero_std_groups: none without groups of two or more rollouts; think_words: none without think blocks
             table.add_row(name, f"{summary[name]:.3f}")
     for cls, value in summary["decomposed_by_class"].items():
         table.add_row(f"decomposed/{cls}", f"{value:.3f}")

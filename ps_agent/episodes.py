@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
-from ps_agent.questions import question_class
+from ps_agent.questions import question_class, rounds_needed
 from ps_agent.rewards import DEFAULT_WEIGHTS, RewardWeights, format_valid, reward_components
 
 #: the counts of the agent's ``stats`` a record keeps
@@ -30,6 +30,7 @@ def question_fields(row: dict[str, Any]) -> dict[str, Any]:
         "question_type": row["question_type"],
         "question_class": question_class(row["question_type"]),
         "golden_answers": row["golden_answers"],
+        "rounds_needed": rounds_needed(row),
     }
 
 

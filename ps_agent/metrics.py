@@ -1,5 +1,6 @@
 """Answer metrics with SQuAD normalisation (exact match, F1, cover exact match), and the aggregation of how a
-group of episodes behaved (format, forced answers, decomposition by question class)."""
+group of episodes behaved (format, forced answers, decomposition by question class, over- and under-search,
+think length)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,30 @@ def behaviour(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             c: share("decomposed", [e for e in episodes if e["question_class"] == c]) for c in classes
         },
     }
+
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def search_need(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The shares of episodes that searched in more rounds than their question needs (``over_search``) and in
+    fewer (``under_search``), HiPRAG's two failures of a search agent. Each episode gives ``search_rounds`` and
+    ``rounds_needed`` (``questions.rounds_needed``: one round per hop, every independent sub-query at once),
+    so the sequential baseline, which searches a comparison's entities one round each, over-searches every
+    comparison by design: the cost that splitting saves."""
+    return {
+        "over_search": mean([float(e["search_rounds"] > e["rounds_needed"]) for e in episodes]),
+        "under_search": mean([float(e["search_rounds"] < e["rounds_needed"]) for e in episodes]),
+    }
+
+
+def think_words(episodes: Sequence[Mapping[str, Any]]) -> float | None:
+    """The mean number of words inside a ``<think>`` block, over every think block of the episodes' turns
+    (their ``timeline``): a think turn that shrinks to nothing, or grows without end, is a collapse signal."""
+    lengths = [
+        len(block.split())
+        for e in episodes
+        for turn in e["timeline"]["turns"]
+        for block in _THINK.findall(turn.get("completion") or "")  # none in lines logged before turns kept it
+    ]
+    return mean([float(n) for n in lengths])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,6 +79,17 @@ def min_rounds(question_type: str | None) -> int:
     return CLASS_RULES[question_class(question_type)].min_rounds
 
 
+def rounds_needed(row: Mapping[str, Any]) -> int:
+    """How many search rounds a question needs when each round searches all its independent sub-queries at
+    once (parallel mode's ideal): the length of the row's plan where it has one (``optimal_rounds``, the
+    synthetic worlds), else the hop count its type names (MuSiQue's ``3hop1``), else its class's ``min_rounds``
+    (the chains of HotpotQA and 2Wiki are two hops). Fewer rounds is under-search, more is over-search."""
+    if row.get("optimal_rounds") is not None:
+        return int(row["optimal_rounds"])
+    hops = re.match(r"(\d)hop", row.get("question_type") or "")
+    return int(hops.group(1)) if hops else min_rounds(row.get("question_type"))
+
+
 def split_share(class_fractions: Mapping[str, float]) -> float:
     """The share of a mix (class → fraction or count) whose classes should be split."""
     total = sum(class_fractions.values())
@@ -113,6 +125,11 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
         "question_type": question_type,
         "id": where if raw.get("id") is None else str(raw["id"]),
     }
+    rounds = raw.get("optimal_rounds")
+    if rounds is not None:  # the length of a synthetic question's plan
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+            raise DataError(f"{where}: 'optimal_rounds' must be a positive integer, got {rounds!r}")
+        row["optimal_rounds"] = rounds
     corpus = raw.get("corpus")
     if corpus is not None:  # the corpus this question is searched in (training mixes of several corpora)
         if not isinstance(corpus, str) or not corpus.strip():

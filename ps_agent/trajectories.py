@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ps_agent.episodes import STATS
-from ps_agent.metrics import behaviour, mean
+from ps_agent.metrics import behaviour, mean, search_need, think_words
+from ps_agent.questions import rounds_needed
 from ps_agent.rewards import COMPONENTS
 
 logger = logging.getLogger(__name__)
@@ -103,10 +104,13 @@ def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def _current(record: dict[str, Any]) -> dict[str, Any]:
     """A line logged before rollouts kept an eval's record (the agent's ``stats`` nested, the timeline's ``turns``
-    and ``search_rounds`` at the top) in today's shape; other lines as they are."""
-    if "stats" not in record or "timeline" in record:
-        return record
+    and ``search_rounds`` at the top), or before records said how many rounds their question needs, in today's
+    shape; other lines as they are."""
     line = dict(record)
+    if "question_class" in line and "rounds_needed" not in line:  # an episode; a synthetic plan's length is lost
+        line["rounds_needed"] = rounds_needed({"question_type": line.get("question_type")})
+    if "stats" not in line or "timeline" in line:
+        return line
     stats = line.pop("stats")
     line["timeline"] = {"turns": line.pop("turns", []), "search_rounds": line.pop("search_rounds", [])}
     return line | {k: stats[k] for k in STATS if k in stats}
@@ -138,7 +142,9 @@ def split_advantage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def summarise_rollouts(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
-    decomposition by class (``metrics.behaviour``), and the collapse signals."""
+    decomposition by class (``metrics.behaviour``), and the collapse signals: over- and under-search
+    (``metrics.search_need``), think length, groups with nothing to teach, the class mix and what splitting
+    earned."""
     if not records:
         return {"rollouts": 0}
     sized = [[r["rewards"]["total"] for r in g] for g in grpo_groups(records) if len(g) > 1]
@@ -148,7 +154,9 @@ def summarise_rollouts(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steps": len({r["step"] for r in records}),
         "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
         **behaviour(records),
-        # collapse signals: groups whose rewards are all equal teach nothing; the mix of classes trained on
+        **search_need(records),
+        "think_words": think_words(records),
+        # groups whose rewards are all equal teach nothing; the mix of classes trained on
         "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
         "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},
         "split_advantage": split_advantage(records),

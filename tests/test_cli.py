@@ -103,13 +103,13 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
     TrajectoryLog(tmp_path / "trajectories-0.jsonl").append({
         "step": 3, "question_class": "parallelisable", "question": "Older: [b]A[/b] or \x1b[2JB?",
         "answer": "[/red] A", "golden_answers": ["A"],
-        "timeline": {"search_rounds": [{"sub_queries": ["[/i] A", "B"]}]},
+        "timeline": {"turns": [], "search_rounds": [{"sub_queries": ["[/i] A", "B"]}]},
         "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.5), "format_valid": True, "decomposed": True,
         "forced_answer": False, "search_rounds": 1,
     })  # fmt: skip
     TrajectoryLog(tmp_path / "trajectories-0.jsonl").append({  # the same group, not split, and rewarded less
         "step": 3, "question_class": "parallelisable", "question": "Older: [b]A[/b] or \x1b[2JB?", "answer": "B",
-        "golden_answers": ["A"], "timeline": {"search_rounds": [{"sub_queries": ["A or B"]}]},
+        "golden_answers": ["A"], "timeline": {"turns": [], "search_rounds": [{"sub_queries": ["A or B"]}]},
         "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.0), "format_valid": True, "decomposed": False,
         "forced_answer": False, "search_rounds": 1,
     })  # fmt: skip

@@ -2,7 +2,16 @@
 
 import pytest
 
-from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean, normalize_answer
+from ps_agent.metrics import (
+    behaviour,
+    cover_exact_match,
+    exact_match,
+    f1_score,
+    mean,
+    normalize_answer,
+    search_need,
+    think_words,
+)
 
 
 @pytest.mark.parametrize(
@@ -57,3 +66,18 @@ def test_behaviour_of_a_group_of_episodes():
         "decomposed_by_class": {},
     }
     assert mean([]) is None and mean([1.0, 2.0]) == 1.5
+
+
+def test_over_and_under_search_and_think_length():
+    """Issue 26: HiPRAG's two failures, against the rounds each question needs, and the think turns' length."""
+    turns = [{"completion": "<think> one two three </think>\n<search> A ## B </search>"},
+             {"completion": "<think> four </think> <answer> A </answer>"}]  # fmt: skip
+    episodes = [
+        {"search_rounds": 1, "rounds_needed": 1, "timeline": {"turns": turns}},
+        {"search_rounds": 2, "rounds_needed": 1, "timeline": {"turns": []}},  # a comparison searched twice
+        {"search_rounds": 1, "rounds_needed": 2, "timeline": {"turns": [{"completion": "<answer> A </answer>"}]}},
+        {"search_rounds": 3, "rounds_needed": 4, "timeline": {"turns": [{"completion": None}]}},
+    ]
+    assert search_need(episodes) == pytest.approx({"over_search": 1 / 4, "under_search": 2 / 4})
+    assert think_words(episodes) == pytest.approx(2.0)  # (3 + 1) words over two think blocks
+    assert think_words(episodes[1:]) is None

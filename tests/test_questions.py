@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ps_agent.questions import DataError, read_jsonl
+from ps_agent.questions import DataError, read_jsonl, rounds_needed
 
 GOOD = b'{"question": "Who?", "golden_answers": ["A"]}'
 BAD_LINES = [
@@ -15,6 +15,7 @@ BAD_LINES = [
     (b"{not json", r"not JSON"),
     (b'{"golden_answers": ["A"]}', r"missing or empty 'question'"),
     (b'{"question": "Which?", "golden_answers": ["A"], "type": ["bridge"]}', r"unknown question type \['bridge'\]"),
+    (b'{"question": "Who?", "golden_answers": ["A"], "optimal_rounds": 0}', r"'optimal_rounds' must be a positive"),
 ]
 
 
@@ -45,3 +46,18 @@ def test_ids_of_rows_without_one_do_not_depend_on_the_path_spelling(tmp_path, mo
     assert ids == [r["id"] for r in read_jsonl("./q.jsonl")] == [r["id"] for r in read_jsonl(tmp_path / "q.jsonl")]
     assert ids[0].startswith("sha1-") and ids[2] == ids[0] + "#2" and ids[3] == "7"
     assert len(set(ids)) == 4
+
+
+def test_the_rounds_a_question_needs_come_from_its_plan_its_hops_or_its_class(tmp_path):
+    """Issue 26: over- and under-search are measured against these."""
+    lines = [
+        {"question": "X of Y of Z?", "golden_answers": ["A"], "type": "bridge", "optimal_rounds": 3},  # synthetic
+        {"question": "X of Y?", "golden_answers": ["A"], "type": "bridge"},  # HotpotQA: two hops
+        {"question": "W of X of Y of Z?", "golden_answers": ["A"], "type": "4hop2"},  # MuSiQue
+        {"question": "A or B?", "golden_answers": ["A"], "type": "comparison"},
+        {"question": "Whose director was born first?", "golden_answers": ["A"], "type": "bridge_comparison"},
+        {"question": "Who?", "golden_answers": ["A"]},
+    ]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [rounds_needed(row) for row in read_jsonl(path)] == [3, 2, 4, 1, 2, 1]

@@ -130,7 +130,7 @@ def rollout(step: int, cls: str, decomposed: bool, outcome: float) -> dict:
         "step": step,
         "id": f"q{step}-{cls}",
         "question": f"question of class {cls} <b>bold?</b>",
-        "question_type": "comparison" if cls == "parallelisable" else "compose",
+        "question_type": "comparison" if cls == "parallelisable" else "compositional",
         "question_class": cls,
         "golden_answers": ["a"],
         "answer": "a" if outcome else "b",

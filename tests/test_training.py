@@ -82,6 +82,8 @@ def test_trajectory_log_survives_a_torn_line(tmp_path):
         "rewards": dict.fromkeys(("outcome", "decomposition", "search_count", "format", "total"), 0.5),
         "forced_answer": False,
         "search_rounds": 1,
+        "rounds_needed": 1,
+        "timeline": {"turns": [{"completion": "<think> A and B </think> <search> A ## B </search>"}]},
     }
     log.append(record)
     with (tmp_path / "trajectories-0.jsonl").open("a") as f:
@@ -106,6 +108,7 @@ def test_a_line_logged_before_rollouts_kept_the_eval_record_reads_in_todays_shap
     assert record["timeline"] == {"turns": [{"turn": 0}], "search_rounds": [{"sub_queries": ["A", "B"]}]}
     assert (record["llm_calls"], record["search_rounds"], record["latency_s"]) == (2, 1, 1.5)
     assert "stats" not in record and summarise_rollouts([record])["search_rounds"] == 1.0
+    assert record["rounds_needed"] == 1  # not logged then: a comparison's one round
 
 
 # --- rollouts -----------------------------------------------------------------------------------
@@ -289,7 +292,8 @@ def test_trajectories_summary_shows_dead_groups_and_the_class_mix():
     def record(step, question, total, cls):
         rewards = dict.fromkeys(("outcome", "decomposition", "search_count", "format"), 0.0) | {"total": total}
         return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
-                "decomposed": False, "forced_answer": False, "search_rounds": 1}  # fmt: skip
+                "decomposed": False, "forced_answer": False, "search_rounds": 1, "rounds_needed": 1,
+                "timeline": {"turns": []}}  # fmt: skip
 
     records = [record(0, "a", 1.0, "sequential"), record(0, "a", 1.0, "sequential"),  # dead: all equal
                record(0, "b", 0.0, "single-hop"), record(0, "b", 1.1, "single-hop"),
@@ -304,7 +308,8 @@ def test_trajectories_summary_shows_what_splitting_earned_within_each_group():
     def record(step, question, cls, decomposed, outcome, total):
         rewards = {"outcome": outcome, "decomposition": 0.0, "search_count": 0.0, "format": 0.0, "total": total}
         return {"step": step, "question": question, "question_class": cls, "rewards": rewards, "format_valid": True,
-                "decomposed": decomposed, "forced_answer": False, "search_rounds": 1}  # fmt: skip
+                "decomposed": decomposed, "forced_answer": False, "search_rounds": 1, "rounds_needed": 1,
+                "timeline": {"turns": []}}  # fmt: skip
 
     # a 5-entity comparison: the whole rollout guessed right, the split ones read and got it wrong
     records = [record(0, "a", "parallelisable", True, 0.0, 0.1), record(0, "a", "parallelisable", True, 0.0, 0.1),

@@ -144,10 +144,14 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         "rollout/search_rounds": summary["search_rounds"],
         "rollout/failed_searches": float(sum(r["failed_searches"] for r in records)),
         "rollout/truncated_frac": mean([float(r["truncated"]) for r in records]),
+        "rollout/over_search_frac": summary["over_search"],
+        "rollout/under_search_frac": summary["under_search"],
+        "rollout/think_words": summary["think_words"],
     } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
     metrics |= {f"rollout/class_frac/{cls}": v for cls, v in summary["class_mix"].items()}
     for name, value in metrics.items():
-        log_metric(name, value)
+        if value is not None:  # think_words under the tools protocol, whose turns have no think blocks
+            log_metric(name, value)
 
 
 @contextlib.contextmanager
