@@ -18,6 +18,7 @@ from training.gold import (
     GoldQuestion,
     TeacherPolicy,
     build_episodes,
+    compare_two,
     comparison_verdict,
     episode,
     first_date,
@@ -84,11 +85,12 @@ def test_comparison_findings_quote_each_passages_date_when_the_question_is_about
     plan = plan_from_titles(rec, passages)
     assert [s["finding"] for s in plan[0]] == ["14 March 1879", "March 3, 1856"]
     assert comparison_verdict(rec["question"], plan[0], "Bo Lee") == (
-        "Comparing them, March 3, 1856 (Bo Lee) is the earliest of 1879 and 1856."
+        "The question asks for the earliest. 1879 vs 1856: after 18, 7 > 5, so 1856 is earlier. The earliest is "
+        "March 3, 1856 (Bo Lee)."
     )
     q = GoldQuestion("c", rec["question"], ["Bo Lee"], "comparison", plan, "hotpotqa", "corpus.jsonl")
     answer_turn = teacher_turns(q, "parallel", random.Random(0))[-1]
-    assert "Ann Roe: 14 March 1879" in answer_turn and "is the earliest" in answer_turn
+    assert "Ann Roe: 14 March 1879" in answer_turn and "The earliest is" in answer_turn
     assert answer_turn.endswith("<answer> Bo Lee </answer>")
 
 
@@ -96,12 +98,28 @@ def test_a_verdict_is_spelled_out_only_for_comparable_values_owned_by_the_answer
     steps = [{"sub_question": "A city population", "finding": "120000"}, {"sub_question": "B city population",
              "finding": "95000"}]  # fmt: skip
     question = "Which city has more inhabitants, A or B?"
-    assert comparison_verdict(question, steps, "A").endswith("120000 (A) is the largest of 120000 and 95000.")
-    assert comparison_verdict(question, steps, "B").endswith("95000 (B) is the smallest of 120000 and 95000.")
+    assert comparison_verdict(question, steps, "A").endswith("so 120000 is larger. The largest is 120000 (A).")
+    assert comparison_verdict(question, steps, "B").endswith("so 95000 is smaller. The smallest is 95000 (B).")
     assert comparison_verdict("Are A and B both cities?", steps, "yes") is None  # no entity owns a yes
     texts = [{"sub_question": "A", "finding": "A is a town founded in 1200 by monks"}, {"sub_question": "B",
              "finding": "B is a village"}]  # fmt: skip
     assert comparison_verdict("Which is older, A or B?", texts, "A") is None  # sentences are quoted, not compared
+
+
+def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():
+    """Issue 25: the shipped policy quoted both dates right and then named the wrong one; the verdict now
+    decides one digit at a time, against the best value so far."""
+    assert compare_two(1914, 1986, "earliest") == "1914 vs 1986: after 19, 1 < 8, so 1914 is earlier."
+    assert compare_two(1986, 1914, "latest") == "1986 vs 1914: after 19, 8 > 1, so 1986 is later."
+    assert compare_two(8611, 12000, "largest") == "8611 vs 12000: 8611 has fewer digits, so 12000 is larger."
+    assert compare_two(305, 401, "smallest") == "305 vs 401: 3 < 4, so 305 is smaller."
+    steps = [{"sub_question": f"{name} founded", "finding": year} for name, year in
+             (("A", "1801"), ("B", "1756"), ("C", "1823"))]  # fmt: skip
+    verdict = comparison_verdict("Which city was founded earliest: A, B or C?", steps, "B")
+    assert verdict == (
+        "The question asks for the earliest. 1801 vs 1756: after 1, 8 > 7, so 1756 is earlier. 1756 vs 1823: "
+        "after 1, 7 < 8, so 1756 is earlier. The earliest is 1756 (B)."
+    )
 
 
 def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():
@@ -245,3 +263,7 @@ def test_left_out_episodes_are_counted_by_reason(world, tokenizer):
         "a gold passage was not retrieved": 1,
         "longer than max_length=64 tokens": 1,
     }
+    # a comparison of many entities whose last turn is more than the policy may write in one turn
+    wide = max((q for q in world if q.type == "comparison"), key=lambda q: len(q.plan[0]))
+    episodes, skipped = build_episodes([wide], "parallel", tokenizer, max_new_tokens=40)
+    assert episodes == [] and skipped == {"a turn longer than max_new_tokens=40 (the policy would be cut off)": 1}

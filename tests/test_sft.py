@@ -77,6 +77,26 @@ def test_two_sft_steps_with_a_tiny_model_then_resume(tiny_model, episodes_file, 
         assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}  # noqa: SIM118 (not a dict)
 
 
+def test_sft_goes_on_from_an_adapter_of_its_base_and_refuses_one_of_another(tiny_model, episodes_file, tmp_path):
+    """Issue 25: new gold episodes continue the shipped policy instead of starting a new adapter."""
+    from safetensors.torch import load_file
+
+    from ps_agent.llms import LLMSpecError
+
+    path, _ = episodes_file
+    steps = ("--max_steps", "1", "--warmup_steps", "0")
+    first = main(sft_args(tiny_model, path, tmp_path / "first", *steps))
+    second = main(sft_args(tiny_model, path, tmp_path / "second", *steps, "--init_adapter", str(first)))
+    before, after = load_file(first / "adapter_model.safetensors"), load_file(second / "adapter_model.safetensors")
+    assert before.keys() == after.keys()  # the same LoRA modules, at --init_adapter's rank
+    lora_b = [k for k in before if "lora_B" in k]
+    assert any(before[k].abs().sum() > 0 for k in lora_b)  # trained once: B is no longer the zero it starts at
+    assert any(not (before[k] == after[k]).all() for k in lora_b)  # and trained on from there
+    assert json.loads((second / "adapter_config.json").read_text())["r"] == 4
+    with pytest.raises(LLMSpecError, match=r"was trained on base model .*tiny.*, but the base model given is .*qwen"):
+        main(sft_args("qwen0.5b", path, tmp_path / "other", *steps, "--init_adapter", str(first)))
+
+
 def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
     tiny_model, episodes_file, tmp_path, caplog
 ):

@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.configuration import AgentConfig
 from ps_agent.llms import Completion, model_path, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
 from ps_agent.questions import SHARED_DATA, question_class, read_split
@@ -389,10 +390,28 @@ def _value(finding: str | None) -> int | None:
     return int(re.findall(r"\d{3,4}", finding)[-1]) if _DATE_RE.fullmatch(finding) else None
 
 
+def compare_two(a: int, b: int, wanted: str) -> str:
+    """One comparison of two values spelled out digit by digit, the way a small model can check it:
+    ``1914 vs 1986: after 19, 1 < 8, so 1914 is earlier.`` ``wanted``: earliest, latest, smallest or largest."""
+    x, y = str(a), str(b)
+    if len(x) != len(y):
+        reason = f"{x if len(x) < len(y) else y} has fewer digits"
+    else:
+        i = next(i for i, (u, v) in enumerate(zip(x, y, strict=True)) if u != v)
+        reason = (f"after {x[:i]}, " if i else "") + f"{x[i]} {'<' if x[i] < y[i] else '>'} {y[i]}"
+    keep = min(a, b) if wanted in ("earliest", "smallest") else max(a, b)
+    return f"{x} vs {y}: {reason}, so {keep} is {_COMPARATIVE[wanted]}."
+
+
+_COMPARATIVE = {"earliest": "earlier", "latest": "later", "smallest": "smaller", "largest": "larger"}
+
+
 def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
     """The comparison a think turn spells out before answering, when every compared value is a number or date
-    and the answer is the entity with the smallest or largest: ``1756 (Tral Vos) is the earliest of 1756, 1823
-    and 1901.`` None when the values cannot be compared that way (text findings, ties, yes/no answers)."""
+    and the answer is the entity with the smallest or largest: what the question asks for, then each value
+    against the best so far, digit by digit (``compare_two``), then the winner's owner: ``The question asks for
+    the earliest. 1879 vs 1856: after 18, 7 > 5, so 1856 is earlier. The earliest is March 3, 1856 (Bo Lee).``
+    None when the values cannot be compared that way (text findings, ties, yes/no answers)."""
     values = [_value(s.get("finding")) for s in steps]
     if any(v is None for v in values) or len(set(values)) < len(values):
         return None
@@ -403,14 +422,17 @@ def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: s
     mine = values[owners[0]]
     about_time = bool(_TIME_WORDS.search(question)) or any("year" in s["sub_question"] for s in steps)
     if mine == min(values):
-        word = "earliest" if about_time else "smallest"
+        wanted = "earliest" if about_time else "smallest"
     elif mine == max(values):
-        word = "latest" if about_time else "largest"
+        wanted = "latest" if about_time else "largest"
     else:
         return None
+    best, compared = values[0], []
+    for value in values[1:]:
+        compared.append(compare_two(best, value, wanted))
+        best = min(best, value) if wanted in ("earliest", "smallest") else max(best, value)
     finding = steps[owners[0]]["finding"]
-    listed = _and([str(v) for v in values])
-    return f"Comparing them, {finding} ({answer}) is the {word} of {listed}."
+    return f"The question asks for the {wanted}. {' '.join(compared)} The {wanted} is {finding} ({answer})."
 
 
 class TeacherPolicy:
@@ -433,11 +455,15 @@ class TeacherPolicy:
 # --- episodes -----------------------------------------------------------------------------------
 
 
-def episode(q: GoldQuestion, out: dict[str, Any], mode: str, tokenizer: Any) -> dict[str, Any] | str:
+def episode(
+    q: GoldQuestion, out: dict[str, Any], mode: str, tokenizer: Any, max_new_tokens: int = AgentConfig.max_new_tokens
+) -> dict[str, Any] | str:
     """A training episode from the graph's output, or why it is left out."""
     trajectory, stats = out["trajectory"], out["stats"]
     if stats["forced_answer"] or stats["invalid_turns"]:
         return "did not finish within max_turns"
+    if any(call["completion_tokens"] > max_new_tokens for call in trajectory["llm_calls"]):
+        return f"a turn longer than max_new_tokens={max_new_tokens} (the policy would be cut off)"
     retrieved = {p["id"] for r in trajectory["search_rounds"] for res in r["results"] for p in res["passages"]}
     if any(s["passage_id"] not in retrieved for r in q.plan for s in r):
         return "a gold passage was not retrieved"
@@ -472,10 +498,12 @@ def build_episodes(
     max_length: int = 896,
     max_turns: int = 4,
     topk: int = 3,
+    max_new_tokens: int = AgentConfig.max_new_tokens,
     seed: int = 0,
 ) -> tuple[list[dict[str, Any]], Counter]:
     """Gold episodes of ``questions`` in ``mode`` through the real graph, and the count of those left out
-    by reason (too many turns for ``max_turns``, a gold passage not retrieved, longer than ``max_length``)."""
+    by reason (too many turns for ``max_turns``, a gold passage not retrieved, a turn longer than the
+    ``max_new_tokens`` the policy may write, longer than ``max_length``)."""
     rng = random.Random(seed)
     skipped: Counter = Counter()
     episodes: list[dict[str, Any]] = []
@@ -491,10 +519,12 @@ def build_episodes(
         skipped["repeated question text"] += len(group) - len(unique)
         group = list(unique.values())
         teacher = TeacherPolicy(tokenizer, {q.question: teacher_turns(q, mode, rng) for q in group})
-        agent = ParallelSearchAgent(llm=teacher, retriever=corpus, mode=mode, max_turns=max_turns, topk=topk)
+        agent = ParallelSearchAgent(
+            llm=teacher, retriever=corpus, mode=mode, max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens
+        )
         outs = run_sync(_run(agent, [q.question for q in group]))  # also from Jupyter, whose loop is running
         for q, out in zip(group, outs, strict=True):
-            ep = episode(q, out, mode, tokenizer)
+            ep = episode(q, out, mode, tokenizer, max_new_tokens)
             if isinstance(ep, str):
                 skipped[ep] += 1
             elif len(ep["prompt_ids"]) + len(ep["completion_ids"]) > max_length:
@@ -530,7 +560,7 @@ def gold_questions(
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_agent_arguments(parser, ("mode", "max_turns", "topk"))  # the agent's own, as it runs the episodes
+    add_agent_arguments(parser, ("mode", "max_turns", "topk", "max_new_tokens"))  # the agent's, as it runs them
     parser.add_argument("--out", type=Path, default=None, help="episodes jsonl (default runs/gold/MODE.jsonl)")
     parser.add_argument("--model", default="smollm2", help="the tokenizer's model: smollm2 or a model folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(TRAIN_SEEDS))
@@ -549,8 +579,9 @@ def main(argv: list[str] | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))
     gold = gold_questions(args.seeds, args.entities, args.per_family, args.shared, out.parent)
     episodes, skipped = build_episodes(
-        gold.questions, args.mode, tokenizer, max_length=args.max_length, max_turns=args.max_turns, topk=args.topk
-    )
+        gold.questions, args.mode, tokenizer, max_length=args.max_length, max_turns=args.max_turns, topk=args.topk,
+        max_new_tokens=args.max_new_tokens,
+    )  # fmt: skip
     built = len(episodes)
     if args.per_source_class:
         episodes = capped(episodes, args.per_source_class)

@@ -32,7 +32,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.llms import EMBEDDED_BASES, model_path
+from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.checkpoints import resume_checkpoint
 from training.gold import sft_example
 from training.precision import device_defaults
@@ -66,6 +66,13 @@ class SFTArguments:
 
     model_name_or_path: str = field(
         default="smollm2", metadata={"help": "an embedded base (smollm2, qwen0.5b; untrained) or a model folder"}
+    )
+    init_adapter: str | None = field(
+        default=None,
+        metadata={
+            "help": "a PEFT LoRA adapter to go on training (e.g. policies/qwen0.5b-parallelsearch on new gold "
+            "episodes); it must have been trained on --model_name_or_path, and the --lora_* flags are then its own"
+        },
     )
     episodes: str = field(default="runs/gold/parallel.jsonl", metadata={"help": "gold episodes (training/gold.py)"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N episodes"})
@@ -161,7 +168,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         )
     logger.info("%d episodes, %d tokens, %d trained", len(rows), *_token_counts(rows))
     peft_config = None
-    if args.use_lora:
+    if args.init_adapter:
+        model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
+    elif args.use_lora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(
@@ -171,7 +180,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             target_modules=args.lora_target_modules.split(","),
             task_type="CAUSAL_LM",
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    if not args.init_adapter:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     if args.loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
     trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
@@ -186,14 +196,14 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     trainer.train(resume_from_checkpoint=resume_checkpoint(config.output_dir, config.resume_from_checkpoint))
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
     final = Path(config.output_dir) / "final"
-    if peft_config is not None:
+    if peft_config is not None or args.init_adapter:
         embedded = EMBEDDED_BASES.get(args.model_name_or_path)
         base = embedded.folder if embedded else path  # an embedded base is recorded by name: portable
         save_adapter(trainer.model, final, getattr(torch, args.save_dtype), base)
     else:
         trainer.save_model(str(final))
     tokenizer.save_pretrained(final)
-    logger.info("saved the trained %s to %s", "adapter" if peft_config else "model", final)
+    logger.info("saved the trained %s to %s", "adapter" if peft_config or args.init_adapter else "model", final)
     return final
 
 
