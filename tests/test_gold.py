@@ -120,6 +120,10 @@ def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():
         "The question asks for the earliest. 1801 vs 1756: after 1, 8 > 7, so 1756 is earlier. 1756 vs 1823: "
         "after 1, 7 < 8, so 1756 is earlier. The earliest is 1756 (B)."
     )
+    wide = [*steps, {"sub_question": "D founded", "finding": "1790"}]  # steps of four would not fit in one turn
+    assert comparison_verdict("Which city was founded earliest: A, B, C or D?", wide, "B") == (
+        "The question asks for the earliest. The earliest of 1801, 1756, 1823 and 1790 is 1756 (B)."
+    )
 
 
 def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():

@@ -394,22 +394,26 @@ def compare_two(a: int, b: int, wanted: str) -> str:
     """One comparison of two values spelled out digit by digit, the way a small model can check it:
     ``1914 vs 1986: after 19, 1 < 8, so 1914 is earlier.`` ``wanted``: earliest, latest, smallest or largest."""
     x, y = str(a), str(b)
+    keep = min(a, b) if wanted in ("earliest", "smallest") else max(a, b)
     if len(x) != len(y):
         reason = f"{x if len(x) < len(y) else y} has fewer digits"
     else:
         i = next(i for i, (u, v) in enumerate(zip(x, y, strict=True)) if u != v)
         reason = (f"after {x[:i]}, " if i else "") + f"{x[i]} {'<' if x[i] < y[i] else '>'} {y[i]}"
-    keep = min(a, b) if wanted in ("earliest", "smallest") else max(a, b)
     return f"{x} vs {y}: {reason}, so {keep} is {_COMPARATIVE[wanted]}."
 
 
 _COMPARATIVE = {"earliest": "earlier", "latest": "later", "smallest": "smaller", "largest": "larger"}
+#: comparisons of more values than this are not spelled out step by step: the answer turn of a comparison of 6 or
+#: more would be longer than the 256 tokens the policy may write
+_DIGITS_UP_TO = 3
 
 
 def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
     """The comparison a think turn spells out before answering, when every compared value is a number or date
     and the answer is the entity with the smallest or largest: what the question asks for, then each value
-    against the best so far, digit by digit (``compare_two``), then the winner's owner: ``The question asks for
+    against the best so far, digit by digit (``compare_two``; beyond ``_DIGITS_UP_TO`` values, the values listed),
+    then the winner's owner: ``The question asks for
     the earliest. 1879 vs 1856: after 18, 7 > 5, so 1856 is earlier. The earliest is March 3, 1856 (Bo Lee).``
     None when the values cannot be compared that way (text findings, ties, yes/no answers)."""
     values = [_value(s.get("finding")) for s in steps]
@@ -427,11 +431,14 @@ def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: s
         wanted = "latest" if about_time else "largest"
     else:
         return None
+    finding = steps[owners[0]]["finding"]
+    if len(values) > _DIGITS_UP_TO:
+        listed = _and([str(v) for v in values])
+        return f"The question asks for the {wanted}. The {wanted} of {listed} is {finding} ({answer})."
     best, compared = values[0], []
     for value in values[1:]:
         compared.append(compare_two(best, value, wanted))
         best = min(best, value) if wanted in ("earliest", "smallest") else max(best, value)
-    finding = steps[owners[0]]["finding"]
     return f"The question asks for the {wanted}. {' '.join(compared)} The {wanted} is {finding} ({answer})."
 
 
