@@ -80,9 +80,8 @@ def print_rollouts(summary: dict[str, Any], latest: list[dict[str, Any]]) -> Non
         "think_words",
         "zero_std_groups",
     ):
-        if (
-            summary.get(name) is not None
-        ):  # zero_std_groups: none without groups of two or more rollouts; think_words: none without think blocks
+        # zero_std_groups: none without groups of two or more rollouts; think_words: none without think blocks
+        if summary.get(name) is not None:
             table.add_row(name, f"{summary[name]:.3f}")
     for cls, value in summary["decomposed_by_class"].items():
         table.add_row(f"decomposed/{cls}", f"{value:.3f}")
