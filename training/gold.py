@@ -394,18 +394,19 @@ def compare_two(a: int, b: int, wanted: str) -> str:
     """One comparison of two values spelled out digit by digit, the way a small model can check it:
     ``1914 vs 1986: after 19, 1 < 8, so 1914 is earlier.`` ``wanted``: earliest, latest, smallest or largest."""
     x, y = str(a), str(b)
-    keep = min(a, b) if wanted in ("earliest", "smallest") else max(a, b)
     if len(x) != len(y):
         reason = f"{x if len(x) < len(y) else y} has fewer digits"
     else:
         i = next(i for i, (u, v) in enumerate(zip(x, y, strict=True)) if u != v)
         reason = (f"after {x[:i]}, " if i else "") + f"{x[i]} {'<' if x[i] < y[i] else '>'} {y[i]}"
-    return f"{x} vs {y}: {reason}, so {keep} is {_COMPARATIVE[wanted]}."
+    return f"{x} vs {y}: {reason}, so {_BETTER[wanted](a, b)} is {_COMPARATIVE[wanted]}."
 
 
 _COMPARATIVE = {"earliest": "earlier", "latest": "later", "smallest": "smaller", "largest": "larger"}
-#: comparisons of more values than this are not spelled out step by step: the answer turn of a comparison of 6 or
-#: more would be longer than the 256 tokens the policy may write
+#: which of two values the question's superlative keeps
+_BETTER = {"earliest": min, "smallest": min, "latest": max, "largest": max}
+#: comparisons of more values than this are not spelled out step by step: spelled out, the answer turn of a
+#: synthetic comparison of 5 or more is often longer than the 256 tokens the policy may write
 _DIGITS_UP_TO = 3
 
 
@@ -438,7 +439,7 @@ def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: s
     best, compared = values[0], []
     for value in values[1:]:
         compared.append(compare_two(best, value, wanted))
-        best = min(best, value) if wanted in ("earliest", "smallest") else max(best, value)
+        best = _BETTER[wanted](best, value)
     return f"The question asks for the {wanted}. {' '.join(compared)} The {wanted} is {finding} ({answer})."
 
 
