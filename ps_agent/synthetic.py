@@ -159,6 +159,18 @@ _COMPARISONS = [
     ("work", "year", "release year", "Which work was released first: {names}?", True),
 ]
 
+# Yes/no comparisons of two entities: (entity kind, attribute, sub-question noun, question). A "{value}" question
+# asks whether both have that value, the others whether the two values are the same.
+_YES_NO = [
+    ("person", "occupation", "occupation", "Were {a} and {b} both {value}s?"),
+    ("person", "occupation", "occupation", "Did {a} and {b} have the same occupation?"),
+    ("person", "city", "birthplace", "Were {a} and {b} born in the same city?"),
+    ("city", "country", "country", "Are {a} and {b} in the same country?"),
+    ("company", "industry", "industry", "Are {a} and {b} both {value} companies?"),
+    ("company", "city", "headquarters", "Are {a} and {b} based in the same city?"),
+    ("work", "kind", "form", "Are {a} and {b} both {value}s?"),
+]
+
 # Relations a bridge hop follows: (entity kind, attribute naming another entity, phrase for the question,
 # sub-question for the search).
 _HOPS = {
@@ -196,7 +208,8 @@ def _chain(world: World, rng: random.Random, depth: int) -> dict[str, Any]:
 
 
 def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, Any]]:
-    """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop."""
+    """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop, and yes/no
+    comparisons of two."""
     rng = random.Random(seed + 1)
     out: list[dict[str, Any]] = []
 
@@ -247,6 +260,22 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         born = str(person.attrs["born"])
         plan = [[{"sub_question": f"{person.name} birth year", "passage_id": world.pid(person), "finding": born}]]
         add("single-hop", None, f"In which year was {person.name} born?", born, plan, k=1, depth=1)
+    for i in range(per_family * 2):  # half of them answered yes, half no
+        kind, attr, noun, question_form = rng.choice(_YES_NO)
+        pool = {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
+        a = rng.choice(pool[kind])
+        others = [e for e in pool[kind] if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 0)]
+        if not others:
+            continue
+        pair = [a, rng.choice(others)]
+        rng.shuffle(pair)
+        plan = [[
+            {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
+            for e in pair
+        ]]  # fmt: skip
+        value = rng.choice(pair).attrs[attr]  # a "both" question asks for one of the two values
+        question = question_form.format(a=pair[0].name, b=pair[1].name, value=value)
+        add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)
     return out
 
 

@@ -27,6 +27,7 @@ from training.gold import (
     sft_example,
     shared_questions,
     teacher_turns,
+    yes_no_verdict,
 )
 
 
@@ -124,6 +125,28 @@ def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():
     assert comparison_verdict("Which city was founded earliest: A, B, C or D?", wide, "B") == (
         "The question asks for the earliest. The earliest of 1801, 1756, 1823 and 1790 is 1756 (B)."
     )
+
+
+def test_a_yes_no_answer_follows_a_check_of_the_two_values():
+    """Issue 25: the shipped policy answered every yes/no comparison "yes"; its gold had no yes/no check."""
+    jobs = [{"sub_question": "A occupation", "finding": "composer"}, {"sub_question": "B occupation",
+            "finding": "engineer"}]  # fmt: skip
+    assert yes_no_verdict("Were A and B both composers?", jobs, "no") == (
+        "The question asks whether both are composer. composer and engineer: not both composer."
+    )
+    assert yes_no_verdict("Did A and B have the same occupation?", jobs, "no") == (
+        "The question asks whether they are the same. composer and engineer: different."
+    )
+    same = [dict(jobs[0]), dict(jobs[1], finding="Composer")]
+    assert yes_no_verdict("Were A and B both composers?", same, "yes").endswith("composer and Composer: both composer.")
+    assert yes_no_verdict("Did A and B have the same occupation?", same, "yes").endswith(": the same.")
+    assert yes_no_verdict("Did A and B have the same occupation?", jobs, "yes") is None  # the check says no
+    assert yes_no_verdict("Were A and B both sculptors?", jobs, "no") is None  # the question names neither value
+    assert yes_no_verdict("Which one was a composer, A or B?", jobs, "A") is None  # not a yes/no answer
+    dates = [dict(jobs[0], finding="1879"), dict(jobs[1], finding="1879")]
+    assert yes_no_verdict("Were A and B born in the same year?", dates, "yes") is None  # dates are compared otherwise
+    quoted = [dict(jobs[0], finding="A was an English composer of operas"), jobs[1]]
+    assert yes_no_verdict("Were A and B both composers?", quoted, "no") is None  # sentences are quoted, not checked
 
 
 def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():

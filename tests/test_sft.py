@@ -116,6 +116,28 @@ def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
         main(sft_args(tiny_model, path, tmp_path / "empty", "--max_steps", "3", "--resume_from_checkpoint", "True"))
 
 
+def test_a_resume_on_other_episodes_is_refused_naming_both_files(tiny_model, episodes_file, tmp_path):
+    """A run resumed in a later session skips the batches it trained on by position: on a rebuilt episode
+    file that differs, it would skip episodes it never saw and train twice on others."""
+    path, episodes = episodes_file
+    out = tmp_path / "run"
+    main(sft_args(tiny_model, path, out, "--max_steps", "1"))
+    record = json.loads((out / "checkpoint-1" / "episodes.json").read_text())
+    assert record["episodes"] == str(path) and len(record["sha256"]) == 64
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(e) + "\n" for e in reversed(episodes)))
+    resume = ("--max_steps", "2", "--resume_from_checkpoint", str(out / "checkpoint-1"))
+    with pytest.raises(
+        SystemExit,
+        match=rf"was trained on {path} \(sha256 {record['sha256']}\), but the episodes given are .*other\.jsonl",
+    ):
+        main(sft_args(tiny_model, other, out, *resume))
+    copy = tmp_path / "copy.jsonl"  # the same bytes rebuilt elsewhere resume
+    copy.write_bytes(path.read_bytes())
+    main(sft_args(tiny_model, copy, out, *resume))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
 def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_model):
     with pytest.raises(FileNotFoundError, match=r"episodes file not found: .*expected the jsonl written by"):
         load_examples(tmp_path / "missing.jsonl")

@@ -39,6 +39,7 @@ def test_every_family_and_size_is_present(world):
     assert {("bridge", 1, d) for d in (2, 3, 4)} <= settings
     assert {("hybrid", k, d) for k in (2, 3) for d in (2, 3)} <= settings
     assert ("single-hop", 1, 1) in settings
+    assert ("yes-no", 2, 1) in settings
     for q in questions:
         assert q["optimal_rounds"] == len(q["plan"]) == q["depth"]
         assert q["family"] not in ("comparison", "single-hop") or q["optimal_rounds"] == 1  # one round of k
@@ -50,10 +51,23 @@ def test_every_answer_is_stated_in_a_passage(world):
     corpus, questions = world
     passages = {row["id"]: row["contents"] for row in map(json.loads, corpus.read_text().splitlines())}
     for q in questions:
+        for step in (s for r in q["plan"] for s in r):
+            assert step["finding"] in passages[step["passage_id"]], q["question"]
+        if q["family"] == "yes-no":  # the answer follows from the two values read
+            a, b = (s["finding"] for s in q["plan"][0])
+            same = a == b if "same" in q["question"] else a == b and a in q["question"]
+            assert q["golden_answers"] == ["yes" if same else "no"], q["question"]
+            continue
         last_round = {s["passage_id"] for s in q["plan"][-1]}  # the answer or its subject is stated there
         assert any(q["golden_answers"][0] in passages[pid] for pid in last_round), q["question"]
-        for step in (s for r in q["plan"] for s in r):
-            assert step["passage_id"] in passages
+
+
+def test_yes_no_questions_are_half_yes_and_ask_about_a_value_one_of_them_has(world):
+    _, questions = world
+    yes_no = [q for q in questions if q["family"] == "yes-no"]
+    assert len(yes_no) >= 4 and sum(q["golden_answers"] == ["yes"] for q in yes_no) == len(yes_no) // 2
+    for q in (q for q in yes_no if "same" not in q["question"]):
+        assert any(s["finding"] in q["question"] for s in q["plan"][0]), q["question"]
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])

@@ -3,10 +3,14 @@
 The Trainer writes a checkpoint's weights, optimizer and RNG state first and its ``trainer_state.json`` last,
 so a folder whose state file is missing or torn, or whose weights cannot be read, was cut off mid-save (a
 SIGTERM, a full disk): it is skipped, with the reason logged, and the run resumes from the one before it.
+
+A resumed run skips the batches it has trained on by position, so it must read the same episodes: an SFT
+checkpoint records its episode file's sha256 (``EPISODES``), and a resume on other episodes is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -16,6 +20,33 @@ logger = logging.getLogger(__name__)
 
 _STEP = re.compile(r"^checkpoint-(\d+)$")
 WEIGHTS = ("adapter_model.safetensors", "model.safetensors")
+#: the file of a checkpoint that names the episodes it was trained on
+EPISODES = "episodes.json"
+
+
+def episodes_record(path: str | Path) -> dict[str, str]:
+    """What names an episode file for a checkpoint: its path and the sha256 of its bytes."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"episodes": str(path), "sha256": digest.hexdigest()}
+
+
+def check_same_episodes(checkpoint: str | Path, record: dict[str, str]) -> None:
+    """Refuse to resume ``checkpoint`` on episodes other than those it recorded; one that recorded none (made
+    before checkpoints did) is resumed with a warning."""
+    try:
+        saved = json.loads((Path(checkpoint) / EPISODES).read_text())
+    except FileNotFoundError:
+        logger.warning("%s does not record its episodes: resuming on %s unchecked", checkpoint, record["episodes"])
+        return
+    if saved.get("sha256") != record["sha256"]:
+        raise SystemExit(
+            f"{checkpoint} was trained on {saved.get('episodes')} (sha256 {saved.get('sha256')}), but the episodes "
+            f"given are {record['episodes']} (sha256 {record['sha256']}): a resume skips batches by position, so "
+            "it needs the same file; rebuild it with the command that made it (the run's config says which)"
+        )
 
 
 def incomplete(folder: Path) -> str | None:

@@ -369,7 +369,9 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
         previous = steps
     found = _found(q.plan[-1])  # the last round holds what the answer is read from
     answer = q.golden_answers[0]
-    verdict = comparison_verdict(q.question, q.plan[-1], answer) if len(q.plan[-1]) > 1 else None
+    verdict = None
+    if len(q.plan[-1]) > 1:
+        verdict = comparison_verdict(q.question, q.plan[-1], answer) or yes_no_verdict(q.question, q.plan[-1], answer)
     if verdict:
         think = f"{rng.choice(_READ).format(found=found)} {verdict} So the answer is {answer}."
     else:
@@ -441,6 +443,30 @@ def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: s
         compared.append(compare_two(best, value, wanted))
         best = _BETTER[wanted](best, value)
     return f"The question asks for the {wanted}. {' '.join(compared)} The {wanted} is {finding} ({answer})."
+
+
+def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """The check a think turn spells out before answering yes or no, when every finding is a short value
+    (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
+    each is the value the question names (``Were A and B both composers?``): ``The question asks whether both
+    are composer. composer and engineer: not both composer.`` None when the findings are sentences or dates,
+    when the question names none of the values, or when the check does not give ``answer``."""
+    if answer.lower() not in ("yes", "no"):
+        return None
+    values = [s.get("finding") or "" for s in steps]
+    if any(not v or len(v.split()) > 3 or re.search(r"\d", v) for v in values):
+        return None
+    listed = _and(values)
+    if re.search(r"\bsame\b", question, re.IGNORECASE):
+        yes = len({_normalised(v) for v in values}) == 1
+        check = f"The question asks whether they are the same. {listed}: {'the same' if yes else 'different'}."
+    else:
+        asked = [v for v in values if re.search(rf"\b{re.escape(_normalised(v))}s?\b", _normalised(question))]
+        if not asked:
+            return None
+        yes = all(_normalised(v) == _normalised(asked[0]) for v in values)
+        check = f"The question asks whether both are {asked[0]}. {listed}: {'both' if yes else 'not both'} {asked[0]}."
+    return check if yes == (answer.lower() == "yes") else None
 
 
 class TeacherPolicy:

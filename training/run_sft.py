@@ -16,7 +16,8 @@ flash attention to pay: with SDPA on a CPU it attends over the whole packed row.
 measures these side by side.
 LoRA on every linear layer (``--use_lora false`` for full fine-tuning); on the GPU when torch sees one, with bf16
 autocast, else on the CPU, in bf16 only where it has native bf16. Every field of ``SFTArguments`` and TRL's
-``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint`` continues a run.
+``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint`` continues a run, on
+the same episode file only (each checkpoint records its sha256).
 ``OUTPUT_DIR/final`` holds the adapter, its weights in bfloat16, with the tokenizer.
 """
 
@@ -33,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
-from training.checkpoints import resume_checkpoint
+from training.checkpoints import EPISODES, check_same_episodes, episodes_record, resume_checkpoint
 from training.gold import sft_example
 from training.precision import device_defaults
 
@@ -185,15 +186,19 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     if args.loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
     trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
+    episodes = episodes_record(args.episodes)
     trainer = trainer_class(
         model=model,
         args=config,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks,
+        callbacks=[*(callbacks or []), _episodes_callback(episodes)],
     )
-    trainer.train(resume_from_checkpoint=resume_checkpoint(config.output_dir, config.resume_from_checkpoint))
+    resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint)
+    if resume:
+        check_same_episodes(resume, episodes)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
     final = Path(config.output_dir) / "final"
     if peft_config is not None or args.init_adapter:
@@ -205,6 +210,19 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     tokenizer.save_pretrained(final)
     logger.info("saved the trained %s to %s", "adapter" if peft_config or args.init_adapter else "model", final)
     return final
+
+
+def _episodes_callback(record: dict[str, str]):
+    """A callback that writes ``record`` (the episodes trained on) into each checkpoint it follows."""
+    from transformers import TrainerCallback
+
+    class RecordEpisodes(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                (folder / EPISODES).write_text(json.dumps(record) + "\n")
+
+    return RecordEpisodes()
 
 
 def _own_loss_trainer(loss: str):
