@@ -95,6 +95,23 @@ def test_comparison_findings_quote_each_passages_date_when_the_question_is_about
     assert answer_turn.endswith("<answer> Bo Lee </answer>")
 
 
+def test_comparison_findings_add_the_sentence_that_holds_what_the_question_asks_about():
+    question = "Which mosque is unique for retaining a Baroque style, the Nur Mosque or the Ada Mosque?"
+    rec = record("comparison", question, ["Nur Mosque", "Ada Mosque"])
+    passages = {
+        "id-Nur Mosque": '"Nur Mosque"\nThe Nur Mosque is a mosque in Istanbul. It has two minarets.',
+        "id-Ada Mosque": '"Ada Mosque"\nAda Mosque is an ornate mosque. Its dome is wide. It retains a Baroque style.',
+    }
+    rec["golden_answers"] = ["Ada Mosque"]
+    plan = plan_from_titles(rec, passages)
+    assert [s["finding"] for s in plan[0]] == [
+        "The Nur Mosque is a mosque in Istanbul",  # no other sentence shares the question's words
+        "Ada Mosque is an ornate mosque; It retains a Baroque style",
+    ]
+    q = GoldQuestion("c", question, ["Ada Mosque"], "comparison", plan, "hotpotqa", "corpus.jsonl")
+    assert "Baroque style" in teacher_turns(q, "parallel", random.Random(0))[-1]
+
+
 def test_a_verdict_is_spelled_out_only_for_comparable_values_owned_by_the_answer():
     steps = [{"sub_question": "A city population", "finding": "120000"}, {"sub_question": "B city population",
              "finding": "95000"}]  # fmt: skip

@@ -261,6 +261,32 @@ def quote(contents: str, must: str | None = None) -> str:
     return _clip(sentences[0])
 
 
+_STOPWORDS = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "been", "both", "by", "did", "do", "does", "for", "from", "had",
+    "has", "have", "he", "her", "his", "in", "is", "it", "its", "more", "most", "of", "on", "or", "same", "she",
+    "than", "that", "the", "their", "them", "these", "they", "this", "those", "to", "was", "were", "what",
+    "which", "who", "whom", "whose", "with",
+})  # fmt: skip
+
+
+def _key_words(text: str) -> set[str]:
+    """A text's content words, cut to five letters so that ``retains`` meets ``retaining``."""
+    return {w[:5] for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS}
+
+
+def quote_for(contents: str, question: str, name: str) -> str:
+    """What a compared entity's passage says for ``question``: its first sentence (who or what ``name`` is),
+    followed by the sentence that shares the most of the question's other words, when that is another one
+    ("It retains a Baroque style" for "Which mosque is unique for retaining a Baroque style?"). A first
+    sentence alone rarely holds the attribute a comparison asks about."""
+    sentences = _sentences(_body(contents)) or [_body(contents)]
+    asked = _key_words(question) - _key_words(name)
+    shared = [len(_key_words(s) & asked) for s in sentences]
+    best = max(range(len(sentences)), key=lambda i: (shared[i], -i))
+    first = _clip(sentences[0])
+    return first if shared[best] <= shared[0] else f"{first}; {_clip(sentences[best])}"
+
+
 def first_date(contents: str) -> str | None:
     """The first date or year a passage states (``14 March 1879``, ``March 14, 1879``, ``1879``), or None."""
     found = _DATE_RE.search(_body(contents))
@@ -274,7 +300,8 @@ def _normalised(text: str) -> str:
 def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[str, str]) -> None:
     """Fill each step's ``finding`` from its gold passage, so the teacher's think turns quote what was read:
     a hop → the sentence naming the next round's entity (the bridge); compared entities → the passage's first
-    date when the question is about time (``value_read``), else its first sentence; a last single hop → the
+    date when the question is about time (``value_read``), else its first sentence and the one that shares most
+    of the question's words (``quote_for``); a last single hop → the
     sentence naming the answer."""
     answer = (record.get("golden_answers") or [None])[0]
     about_time = bool(_TIME_WORDS.search(record["question"]))
@@ -289,8 +316,9 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 step["finding"] = quote(contents, named[0] if named else None)
             elif len(steps) > 1:
                 date = first_date(contents) if about_time else None
-                step["finding"] = date or quote(contents)
+                step["finding"] = date or quote_for(contents, record["question"], step["sub_question"])
                 step["value_read"] = date is not None
+                step["asked_sentence"] = date is None and step["finding"] != quote(contents)
             else:
                 step["finding"] = quote(contents, answer)
 
@@ -645,7 +673,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
     """What was built and kept, by source and class, and what was left out, by reason. ``built`` counts the
     episodes before any cap; ``gold_retrieved_fraction`` is the share of the episodes that ran whose every
     gold passage was retrieved; ``real_comparison_values_read`` counts the compared entities of the shared sets
-    whose passage gave a date to quote."""
+    whose passage gave a date to quote, and those where a sentence sharing the question's words was added."""
     planned = len(gold.questions)
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
@@ -668,6 +696,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "max_tokens": max(tokens, default=0),
         "real_comparison_values_read": {  # a date quoted from the passage, not a sentence (see add_findings)
             "read": sum(bool(s.get("value_read")) for s in compared),
+            "asked_sentence": sum(bool(s.get("asked_sentence")) for s in compared),
             "entities": len(compared),
         },
         "skipped_without_plan": dict(gold.skipped),
