@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, Run, paper_tables, write_set  # noqa: E402
+from ps_agent.configuration import BOUNDS  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
@@ -119,7 +120,8 @@ def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.rando
     return out
 
 
-def markdown(table: list[dict], command: str, runs: dict[str, str]) -> str:
+def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict[str, list[str]] | None = None) -> str:
+    """The table page; ``errors``: per policy, the questions whose run ended in an error (left out of its rows)."""
     head = (
         "| policy | set | class | n | EM % [95% CI] | F1 % | split % | ≥2 rounds % | LLM calls | s/question "
         "| format % | forced % |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -132,8 +134,12 @@ def markdown(table: list[dict], command: str, runs: dict[str, str]) -> str:
     ]
     note = "Seconds per question are comparable only between rows run on the same device (in brackets)."
     made = "".join(f"- {name}: `{how}`\n" for name, how in runs.items())
-    return f"`{command}`\n\nEach policy's evaluation, as its eval folder records it:\n\n{made}\n{note}\n\n{head}" + (
-        "\n".join(lines) + "\n"
+    failed = "".join(f"- {name}: {error}\n" for name, listed in (errors or {}).items() for error in listed)
+    if failed:
+        failed = f"\nLeft out of the rows, questions whose run ended in an error:\n\n{failed}"
+    return (
+        f"`{command}`\n\nEach policy's evaluation, as its eval folder records it:\n\n{made}{failed}\n{note}\n\n{head}"
+        + ("\n".join(lines) + "\n")
     )
 
 
@@ -163,7 +169,7 @@ def main() -> None:
     names = set(args.sets.split(",")) if args.sets else None
     folder = args.run_dir / ("sets" if classes is None else f"sets-{'-'.join(sorted(classes))}")
     sets = {} if args.tables_only else validation_sets(folder, args.nq, classes, names)
-    runs, table, made = [], [], {}
+    runs, table, made, errors = [], [], {}, {}
     rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
@@ -173,11 +179,15 @@ def main() -> None:
                 modes=(mode,),
                 concurrency=concurrency,
                 limit=args.limit,
-                agent={"max_new_tokens": args.max_new_tokens},
+                # the longest run AgentConfig allows: on a 2-core CPU a batch of 16 questions takes minutes a turn,
+                # and the agent's default of 600 s cut 4-turn questions off (an eval measures the policy)
+                agent={"max_new_tokens": args.max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
                 weights=weight_files(spec),
             ))  # fmt: skip
             (args.run_dir / name / "device.txt").write_text(args.device)
-        records = [r for r in read_results(args.run_dir / name) if r["mode"] == mode and r["error"] is None]
+        records = [r for r in read_results(args.run_dir / name) if r["mode"] == mode]
+        errors[name] = [f"{r['dataset']} {r['id']}: {r['error']}" for r in records if r["error"] is not None]
+        records = [r for r in records if r["error"] is None]
         script, _, flags = read_records([args.run_dir / name / "runs.jsonl"])[-1]["command"].partition(" ")
         made[name] = f"python benchmarks/{Path(script).name} {flags}"
         device = (
@@ -188,8 +198,9 @@ def main() -> None:
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
     command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": table}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(table, command, made))
+    result = {"command": command, "rows": table, "errors": errors}
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(table, command, made, errors))
     compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
     paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"))
 

@@ -42,6 +42,9 @@ def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
     assert "- p: `policy_table.py --policy p=x:parallel`" in page
     line = page.splitlines()[-1]
     assert line.startswith("| p | hotpotqa | parallelisable | 2 | 50.0 [") and "3.0 (cuda (H100))" in line
+    assert "ended in an error" not in page
+    page = policy_table.markdown([], "cmd", {}, {"p": ["hotpotqa q7: AgentError: run_timeout_s=600 reached"]})
+    assert "- p: hotpotqa q7: AgentError: run_timeout_s=600 reached" in page  # left out of the rows, not hidden
 
 
 @pytest.mark.parametrize("bad", ["noequals", "x=qwen0.5b-parallelsearch", "x=spec:fast"])
