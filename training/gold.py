@@ -277,8 +277,8 @@ def _key_words(text: str) -> set[str]:
 def quote_for(contents: str, question: str, name: str) -> str:
     """What a compared entity's passage says for ``question``: its first sentence (who or what ``name`` is),
     followed by the sentence that shares the most of the question's other words, when that is another one
-    ("It retains a Baroque style" for "Which mosque is unique for retaining a Baroque style?"). A first
-    sentence alone rarely holds the attribute a comparison asks about."""
+    ("It retains a Baroque style" for "Which mosque is unique for retaining a Baroque style?"): the first
+    sentence says what the entity is, often not the attribute the comparison asks about."""
     sentences = _sentences(_body(contents)) or [_body(contents)]
     asked = _key_words(question) - _key_words(name)
     shared = [len(_key_words(s) & asked) for s in sentences]
@@ -301,8 +301,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
     """Fill each step's ``finding`` from its gold passage, so the teacher's think turns quote what was read:
     a hop → the sentence naming the next round's entity (the bridge); compared entities → the passage's first
     date when the question is about time (``value_read``), else its first sentence and the one that shares most
-    of the question's words (``quote_for``); a last single hop → the
-    sentence naming the answer."""
+    of the question's words (``quote_for``); a last single hop → the sentence naming the answer."""
     answer = (record.get("golden_answers") or [None])[0]
     about_time = bool(_TIME_WORDS.search(record["question"]))
     for r, steps in enumerate(plan):
