@@ -96,6 +96,12 @@ class Run:
             raise ValueError(f"no {self.mode}-mode result lines without error in {self.folder}/results")
         return lines
 
+    def errors(self) -> list[str]:
+        """The questions of this run's mode whose latest line ended in an error (``records`` leaves them out), as
+        ``DATASET ID: ERROR``."""
+        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is not None]
+        return [f"{r['dataset']} {r['id']}: {r['error']}" for r in lines]
+
 
 def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
     """Ours minus the baseline in EM, and ours over the baseline in turns, on the questions both ran."""
@@ -123,7 +129,9 @@ def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: 
     rng = np.random.default_rng(seed)
     lines = {run.name: run.records() for run in runs}
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
-    result: dict[str, Any] = {"runs": {r.name: {"folder": str(r.folder), "mode": r.mode} for r in runs}}
+    result: dict[str, Any] = {
+        "runs": {r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors()} for r in runs}
+    }
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
     for dataset in datasets:
         result["by_dataset"][dataset] = {
@@ -160,7 +168,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
     """Table 3 and Table 2 layouts, and the paired comparison, as markdown."""
     names = list(result["runs"])
     lines = ["# Our models side by side (the paper's Tables 2 and 3)", "", f"`{command}`", ""]
-    lines += [f"- **{n}**: `{r['folder']}`, {r['mode']} mode" for n, r in result["runs"].items()]
+    for n, r in result["runs"].items():
+        lines.append(f"- **{n}**: `{r['folder']}`, {r['mode']} mode")
+        lines += [f"  - left out, its run ended in an error: {error}" for error in r.get("errors", [])]
     lines += ["", "## Per dataset and question class (Table 3 layout; 95% bootstrap intervals)", ""]
     lines += ["| dataset / class | model | n | EM | decomp. % | s/question | turns |", "|---|---|---|---|---|---|---|"]
     for key, by_model in result["by_class"].items():

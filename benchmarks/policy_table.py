@@ -36,7 +36,6 @@ from benchmarks.common import RESULTS, Run, paper_tables, write_set  # noqa: E40
 from ps_agent.configuration import BOUNDS  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
-from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
 from ps_agent.questions import SHARED_DATA, question_class, read_split  # noqa: E402
 from ps_agent.synthetic import HELD_OUT_SEED, generate  # noqa: E402
@@ -180,21 +179,21 @@ def main() -> None:
                 concurrency=concurrency,
                 limit=args.limit,
                 # the longest run AgentConfig allows: on a 2-core CPU a batch of 16 questions takes minutes a turn,
-                # and the agent's default of 600 s cut 4-turn questions off (an eval measures the policy)
+                # and the agent's default of 600 s cut off a question of 4 turns and a forced answer (an eval
+                # measures the policy, not the machine)
                 agent={"max_new_tokens": args.max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
                 weights=weight_files(spec),
             ))  # fmt: skip
             (args.run_dir / name / "device.txt").write_text(args.device)
-        records = [r for r in read_results(args.run_dir / name) if r["mode"] == mode]
-        errors[name] = [f"{r['dataset']} {r['id']}: {r['error']}" for r in records if r["error"] is not None]
-        records = [r for r in records if r["error"] is None]
+        run = Run(name, args.run_dir / name, mode)
+        records, errors[name] = run.records(), run.errors()
         script, _, flags = read_records([args.run_dir / name / "runs.jsonl"])[-1]["command"].partition(" ")
         made[name] = f"python benchmarks/{Path(script).name} {flags}"
         device = (
             (args.run_dir / name / "device.txt").read_text() if (args.run_dir / name / "device.txt").is_file() else "?"
         )
         table += [row | {"device": device} for row in rows(name, records, args.bootstrap, rng)]
-        runs.append(Run(name, args.run_dir / name, mode))
+        runs.append(run)
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
     command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)

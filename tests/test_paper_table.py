@@ -66,6 +66,10 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert cell["ours"]["n"] == 4 and cell["ours"]["em"] == 75.0 and cell["ours"]["turns"] == 2.0
     assert cell["ours"]["decomposition_ratio"] == 100.0 and cell["search-r1"]["decomposition_ratio"] == 0.0
     assert cell["search-r1"]["n"] == 4  # its errored line is left out
+    assert (
+        result["runs"]["search-r1"]["errors"] == ["hotpotqa q9: RuntimeError: boom"]
+        and not result["runs"]["ours"]["errors"]
+    )
     low, high = cell["ours"]["em_ci"]
     assert 0.0 <= low < 75.0 < high <= 100.0
     assert cell["ours"]["turns_ci"] == [2.0, 2.0]  # no spread, no interval
@@ -77,6 +81,7 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert set(result["by_dataset"]) == {"hotpotqa", "nq"} and "ours" not in result["by_dataset"]["nq"]
     text = out.with_suffix(".md").read_text()
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
+    assert "left out, its run ended in an error: hotpotqa q9: RuntimeError: boom" in text  # named, not hidden
     assert "| ours | 60.0 | – | 60.0 |" in text  # Table 2: EM per benchmark, average over those it ran
     assert (
         "| hotpotqa/parallelisable | 4 | 25.0 [" in text and (tmp_path / "figures" / "table.png").stat().st_size > 0
