@@ -231,3 +231,61 @@ def test_the_trained_positions_loss_equals_the_models_own_loss_and_gradient(tiny
         assert torch.allclose(ours, full, atol=1e-5), (wrap, ours.item(), full.item())
         assert torch.allclose(our_grad, full_grad, atol=1e-6)
         assert trained_positions_loss(model, batch, num_items_in_batch=torch.tensor(1)) > ours  # a sum over 1 item
+
+
+def poison_gradients(steps: set[int]):
+    """A test double of a diverging run: a callback that writes NaN into one gradient on the given steps, after
+    the backward pass and before the optimizer (run_sft's own callbacks follow the caller's)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class PoisonGradients(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 in steps:
+                next(p for p in model.parameters() if p.grad is not None).grad[0] = torch.nan
+
+    return PoisonGradients()
+
+
+def adapter_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "adapter_model.safetensors")
+
+
+def test_a_step_with_nan_gradients_is_skipped_and_the_run_goes_on(tiny_model, episodes_file, tmp_path, caplog):
+    import torch
+
+    path, _ = episodes_file
+    out = tmp_path / "run"
+    args = sft_args(tiny_model, path, out, "--max_steps", "3", "--save_total_limit", "3")
+    final = main(args, callbacks=[poison_gradients({2})])
+    assert "step 2: gradients are not finite" in caplog.text
+    assert all(w.isfinite().all() for w in adapter_weights(final).values())
+    one, two, three = (adapter_weights(out / f"checkpoint-{n}") for n in (1, 2, 3))
+    assert all(torch.equal(one[k], two[k]) for k in one)  # step 2 changed nothing
+    assert not all(torch.equal(two[k], three[k]) for k in two)  # step 3 trained again
+
+
+def test_nan_gradients_three_steps_in_a_row_stop_the_run_with_finite_checkpoints(tiny_model, episodes_file, tmp_path):
+    path, _ = episodes_file
+    out = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match=r"steps 2-4: 3 steps in a row with non-finite gradients"):
+        main(sft_args(tiny_model, path, out, "--max_steps", "6"), callbacks=[poison_gradients({2, 3, 4})])
+    assert not (out / "final").exists()
+    assert all(w.isfinite().all() for w in adapter_weights(out / "checkpoint-3").values())
+
+
+def test_an_adapter_holding_nan_is_not_saved(tiny_model, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from training.run_sft import save_adapter
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, target_modules=["q_proj"]))
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "lora_B" in n)[0, 0] = torch.nan
+    with pytest.raises(FloatingPointError, match=r"1 of its 4 tensors hold NaN or inf \(first: .*lora_B"):
+        save_adapter(model, tmp_path / "final", torch.bfloat16, "tiny")
+    assert not (tmp_path / "final").exists()

@@ -36,7 +36,7 @@ from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, agent_config
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
-from training.precision import device_defaults
+from training.precision import device_defaults, skip_nonfinite_steps
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
 
 logger = logging.getLogger("run_grpo")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             processing_class=AutoTokenizer.from_pretrained(path),
             peft_config=peft_config,
             rollout_func=AgentRollout(settings, rows, config.output_dir),
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), skip_nonfinite_steps()],
         )
         try:
             trainer.train(resume_from_checkpoint=resume)

@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.checkpoints import EPISODES, check_same_episodes, episodes_record, resume_checkpoint
 from training.gold import sft_example
-from training.precision import device_defaults
+from training.precision import device_defaults, skip_nonfinite_steps
 
 logger = logging.getLogger("run_sft")
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[*(callbacks or []), _episodes_callback(episodes)],
+        callbacks=[*(callbacks or []), _episodes_callback(episodes), skip_nonfinite_steps()],
     )
     resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint)
     if resume:
@@ -268,11 +268,17 @@ def save_adapter(model, out: Path, dtype, base: str) -> None:
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
+    state = {k: v.detach().to(dtype).contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    nonfinite = [k for k, v in state.items() if not v.isfinite().all()]
+    if nonfinite:
+        raise FloatingPointError(
+            f"not saving the adapter to {out}: {len(nonfinite)} of its {len(state)} tensors hold NaN or inf "
+            f"(first: {nonfinite[0]}); expected finite weights: resume from a checkpoint before the run diverged"
+        )
     out.mkdir(parents=True, exist_ok=True)
     config = model.peft_config["default"]
     config.base_model_name_or_path = str(base)
     config.save_pretrained(out)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in get_peft_model_state_dict(model).items()}
     save_file(state, out / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
