@@ -1,6 +1,7 @@
 """End to end: the real default policy (Qwen2.5-Coder-0.5B with its shipped adapter) and SmolLM2-135M over the
 real embedded corpus (BM25), over a dense index served by the real retrieval server, and over vLLM."""
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ps_agent import ParallelSearchAgent
+from ps_agent.llms import resolve_text_policy
 from ps_agent.processes import free_port, served
 from ps_agent.retrieval.corpus import load_embedded_corpus
 from ps_agent.retrieval.index import build_index
@@ -43,7 +45,14 @@ def check_consistent(out: dict, max_turns: int) -> None:
 
 def test_embedded_defaults_answer_real_questions(qwen_path):
     agent = ParallelSearchAgent(max_turns=2, max_new_tokens=96)
-    outs = agent.batch(QUESTIONS, config={"max_concurrency": 1})
+    policy = resolve_text_policy(None)  # the agent's: one loaded policy per spec
+    policy.expected = len(QUESTIONS)  # the concurrent questions' turns generated as one batch
+    try:
+        outs = asyncio.run(agent.abatch(QUESTIONS, config={"max_concurrency": len(QUESTIONS)}))
+        sizes = list(policy.batch_sizes)
+    finally:
+        policy.expected = 1
+    assert max(sizes) > 1, sizes
     for question, out in zip(QUESTIONS, outs, strict=True):
         assert out["trajectory"]["question"] == question
         check_consistent(out, max_turns=2)
