@@ -45,13 +45,14 @@ def check_consistent(out: dict, max_turns: int) -> None:
 
 def test_embedded_defaults_answer_real_questions(qwen_path):
     agent = ParallelSearchAgent(max_turns=2, max_new_tokens=96)
-    policy = resolve_text_policy(None)  # the agent's: one loaded policy per spec
+    policy = resolve_text_policy(None)  # the agent's: one loaded policy per spec, shared with other tests
+    expected, earlier = policy.expected, len(policy.batch_sizes)
     policy.expected = len(QUESTIONS)  # the concurrent questions' turns generated as one batch
     try:
         outs = asyncio.run(agent.abatch(QUESTIONS, config={"max_concurrency": len(QUESTIONS)}))
-        sizes = list(policy.batch_sizes)
     finally:
-        policy.expected = 1
+        policy.expected = expected
+    sizes = policy.batch_sizes[earlier:]  # this test's batches, not those of a test before it in this process
     assert max(sizes) > 1, sizes
     for question, out in zip(QUESTIONS, outs, strict=True):
         assert out["trajectory"]["question"] == question
