@@ -163,7 +163,42 @@ def test_a_yes_no_answer_follows_a_check_of_the_two_values():
     dates = [dict(jobs[0], finding="1879"), dict(jobs[1], finding="1879")]
     assert yes_no_verdict("Were A and B born in the same year?", dates, "yes") is None  # dates are compared otherwise
     quoted = [dict(jobs[0], finding="A was an English composer of operas"), jobs[1]]
-    assert yes_no_verdict("Were A and B both composers?", quoted, "no") is None  # sentences are quoted, not checked
+    assert yes_no_verdict("Were A and B both composers?", quoted, "no") is None  # a sub-question the question lacks
+
+
+def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():
+    """Issue 25: real yes/no comparisons quote sentences, not values, and the policy answered them all "yes";
+    the check reads each sentence for the asked property or country, and is left out where it would not give
+    the gold answer."""
+    bands = [{"sub_question": "Muzzle (band)", "finding": "Muzzle is an alternative rock band formed in 1994"},
+             {"sub_question": "Screaming Trees", "finding": "Screaming Trees was an American rock band"}]  # fmt: skip
+    question = "Are Muzzle and Screaming Trees both alternative rock bands?"
+    assert yes_no_verdict(question, bands, "no") == (
+        "The question asks whether both are alternative rock bands. Muzzle: yes; Screaming Trees: not stated. Not both."
+    )
+    assert yes_no_verdict(question, bands, "yes") is None  # the passages do not bear "yes" out
+    people = [{"sub_question": "Jerome Storm", "finding": "Jerome Storm was an American film director"},
+              {"sub_question": "Andrés Wood", "finding": "Andres Wood is a Chilean film director"}]  # fmt: skip
+    assert yes_no_verdict("Are Jerome Storm and Andrés Wood from the same country?", people, "no") == (
+        "The question asks whether they are from the same country. Jerome Storm: United States; Andrés Wood: Chile:"
+        " different."
+    )
+    canada = [dict(people[0], finding="Jerome Storm lived in Vancouver, British Columbia, Canada"),
+              dict(people[1], finding="Andres Wood is a Canadian film director")]  # fmt: skip
+    assert yes_no_verdict("Are Jerome Storm and Andrés Wood from the same country?", canada, "yes").endswith(
+        "Jerome Storm: Canada; Andrés Wood: Canada: the same."
+    )
+    unread = [people[0], dict(people[1], finding="Andres Wood is a film director")]
+    assert yes_no_verdict("Are Jerome Storm and Andrés Wood from the same country?", unread, "no") is None
+    assert yes_no_verdict("Are Jerome Storm and Andrés Wood in the same state?", people, "no") is None  # no reader
+    assert (
+        yes_no_verdict(
+            "Are Muzzle and Screaming Trees both bands?",
+            [bands[1], dict(bands[0], sub_question="Mudhoney")],
+            "yes",
+        )
+        is None
+    )  # a name the question does not hold
 
 
 def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():

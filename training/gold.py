@@ -274,6 +274,11 @@ def _key_words(text: str) -> set[str]:
     return {w[:5] for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS}
 
 
+def _stems(text: str) -> set[str]:
+    """``_key_words`` with a plural's ``s`` dropped first, so that ``bands`` meets ``band``."""
+    return {w.rstrip("s")[:5] for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS}
+
+
 def quote_for(contents: str, question: str, name: str) -> str:
     """What a compared entity's passage says for ``question``: its first sentence (who or what ``name`` is),
     followed by the sentence that shares the most of the question's other words, when that is another one
@@ -481,8 +486,10 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     if answer.lower() not in ("yes", "no"):
         return None
     values = [s.get("finding") or "" for s in steps]
-    if any(not v or len(v.split()) > 3 or re.search(r"\d", v) for v in values):
+    if any(not v for v in values):
         return None
+    if any(len(v.split()) > 3 or re.search(r"\d", v) for v in values):
+        return yes_no_reading(question, steps, answer) if any(len(v.split()) > 3 for v in values) else None
     listed = _and(values)
     if re.search(r"\bsame\b", question, re.IGNORECASE):
         yes = len({_normalised(v) for v in values}) == 1
@@ -493,6 +500,112 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
             return None
         yes = all(_normalised(v) == _normalised(asked[0]) for v in values)
         check = f"The question asks whether both are {asked[0]}. {listed}: {'both' if yes else 'not both'} {asked[0]}."
+    return check if yes == (answer.lower() == "yes") else None
+
+
+#: Countries and the words that name them (demonyms, regions that would read as another country), one per line,
+#: for a "same country / nationality" check on quoted sentences.
+_NATIONS_TEXT = """
+United States: american, united states, u s, usa, new mexico, new england
+United Kingdom: british, english, scottish, welsh, united kingdom, uk, england, scotland, wales
+Canada: canadian, canada, british columbia
+Australia: australian, australia, new south wales
+New Zealand: new zealand
+Ireland: irish, ireland
+France: french, france
+Germany: german, germany, west german, east german
+Italy: italian, italy
+Spain: spanish, spain
+Portugal: portuguese, portugal
+Netherlands: dutch, netherlands
+Belgium: belgian, belgium
+Switzerland: swiss, switzerland
+Austria: austrian, austria
+Sweden: swedish, sweden
+Norway: norwegian, norway
+Denmark: danish, denmark
+Finland: finnish, finland
+Poland: polish, poland
+Czech Republic: czech
+Hungary: hungarian, hungary
+Greece: greek, greece
+Russia: russian, russia, soviet
+Ukraine: ukrainian, ukraine
+Turkey: turkish, turkey
+Iran: iranian, iran, persian
+India: indian, india
+Pakistan: pakistani, pakistan
+China: chinese, china
+Japan: japanese, japan
+South Korea: south korean, korean, south korea, korea
+Philippines: filipino, philippines
+Indonesia: indonesian, indonesia
+Israel: israeli, israel
+Egypt: egyptian, egypt
+Nigeria: nigerian, nigeria
+South Africa: south african, south africa
+Botswana: botswana
+Cape Verde: cape verdean, cape verde
+Mexico: mexican, mexico
+Brazil: brazilian, brazil
+Argentina: argentine, argentinian, argentina
+Chile: chilean, chile
+Colombia: colombian, colombia
+Venezuela: venezuelan, venezuela
+Cuba: cuban, cuba
+Croatia: croatian, croatia
+Serbia: serbian, serbia
+Romania: romanian, romania
+Bulgaria: bulgarian, bulgaria
+"""
+_NATION_OF = {
+    word: country
+    for country, words in (line.split(": ") for line in _NATIONS_TEXT.strip().splitlines())
+    for word in words.split(", ")
+}
+_NATION_RE = re.compile(r"\b(" + "|".join(sorted(_NATION_OF, key=len, reverse=True)) + r")\b")
+
+
+def nation_in(text: str) -> str | None:
+    """The first country a sentence names or implies by a demonym (``a Chilean film director`` → Chile)."""
+    found = _NATION_RE.search(_normalised(text))
+    return _NATION_OF[found.group(1)] if found else None
+
+
+def yes_no_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """The check a think turn spells out before answering yes or no when the findings are quoted sentences:
+    for "the same country / nationality", the country each sentence names (``Jerome Storm: United States;
+    Andrés Wood: Chile: different.``); for "both <property>", whether each sentence holds every content word of
+    the property (``Muzzle: yes; Screaming Trees: not stated. Not both.``). None when a name is not in the
+    question, a country cannot be read, or the check does not give ``answer``: a check the passages do not
+    bear out would teach guessing."""
+    names = [_plain_title(s["sub_question"]) for s in steps]
+    lowered = question.lower()
+    if any(name.lower() not in lowered for name in names):
+        return None
+    if re.search(r"\bsame\b", question, re.IGNORECASE):
+        if not re.search(r"\b(country|countries|nationality|nation)\b", question, re.IGNORECASE):
+            return None
+        nations = [nation_in(s["finding"]) for s in steps]
+        if None in nations:
+            return None
+        yes = len(set(nations)) == 1
+        listed = "; ".join(f"{name}: {nation}" for name, nation in zip(names, nations, strict=True))
+        check = (
+            f"The question asks whether they are from the same country. {listed}: {'the same' if yes else 'different'}."
+        )
+    else:
+        end = max(lowered.index(name.lower()) + len(name) for name in names)
+        tail = re.sub(r"^[\s,]*(both\s+)?", "", question[end:]).strip(" ?.")
+        wanted = _stems(tail)
+        if not tail or not wanted or len(wanted) > 4:
+            return None
+        holds = [wanted <= _stems(s["finding"]) for s in steps]
+        aux = question.split()[0].lower()
+        asked = f"both {tail}" if aux in ("do", "does", "did") else f"both {aux} {tail}"
+        yes = all(holds)
+        listed = "; ".join(f"{name}: {'yes' if h else 'not stated'}" for name, h in zip(names, holds, strict=True))
+        check = f"The question asks whether {asked}. {listed}. {'Both' if yes else 'Not both'}."
     return check if yes == (answer.lower() == "yes") else None
 
 
