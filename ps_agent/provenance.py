@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -39,7 +40,8 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> Non
         return
     earlier = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
     held = earlier[-1].get("model_sha1") if earlier else None
-    if held == model_sha1 and (model_sha1 or not llm.startswith("vllm:")):
+    same = held is not None and Counter(held.values()) == Counter(model_sha1.values())  # by content, not path:
+    if same and (model_sha1 or not llm.startswith("vllm:")):  # an adapter moved or copied is the same model
         return
     answered_by = f"other model weights ({earlier[-1]['settings']['llm']}: {held})" if held else "weights not on record"
     this = f"{llm}: {model_sha1}" if model_sha1 else f"{llm}, whose weights are not on record (pass --weights)"

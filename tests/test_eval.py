@@ -294,9 +294,16 @@ def test_a_rerun_into_a_folder_answered_by_other_weights_is_refused_before_any_q
     answered = results.read_text()
     assert len(answered.splitlines()) == 2
 
+    moved = tmp_path / "final" / "adapter_model.safetensors"  # the same weights elsewhere (another machine's copy)
+    moved.parent.mkdir()
+    moved.write_bytes(weights.read_bytes())
+    evaluate([questions], out, settings(3, weights=[moved]))
+    assert len(results.read_text().splitlines()) == 3
+    answered = results.read_text()
+
     weights.write_bytes(b"weights after step 8")
     with pytest.raises(ValueError, match="holds answers of other model weights"):
-        evaluate([questions], out, settings(3, weights=[weights]))
+        evaluate([questions], out, settings(4, weights=[weights]))
     assert results.read_text() == answered  # nothing lost or added
 
     unrecorded = tmp_path / "unrecorded"  # answered by an LLM whose weights were not given
