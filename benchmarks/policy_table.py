@@ -101,6 +101,34 @@ def load_policy(spec: str, mode: str, device: str, concurrency: int):
     return policy
 
 
+def record_devices(folder: Path, datasets: list[str], device: str) -> None:
+    """Note which device answered ``datasets`` in a policy's eval folder: one folder may be filled on a GPU, then
+    resumed on a CPU for other sets, and its seconds per question are comparable only within a device."""
+    devices = recorded_devices(folder) | dict.fromkeys(datasets, device)
+    (folder / "devices.json").write_text(json.dumps(devices, indent=1) + "\n")
+
+
+def recorded_devices(folder: Path) -> dict[str, str]:
+    """Per dataset, the device that answered it (``devices.json``; an older folder's one ``device.txt`` holds
+    the device of every set it has results for)."""
+    if (folder / "devices.json").is_file():
+        return json.loads((folder / "devices.json").read_text())
+    if not (folder / "device.txt").is_file():
+        return {}
+    device = (folder / "device.txt").read_text().strip()
+    return {path.name.split(".")[0]: device for path in sorted((folder / "results").glob("*.jsonl"))}
+
+
+def commands(folder: Path) -> list[str]:
+    """The distinct commands that filled an eval folder, in order (``runs.jsonl``)."""
+    made = []
+    for record in read_records([folder / "runs.jsonl"]):
+        script, _, flags = record["command"].partition(" ")
+        command = f"python benchmarks/{Path(script).name} {flags}"
+        made += [] if command in made else [command]
+    return made
+
+
 def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.random.Generator) -> list[dict]:
     """Per dataset and question class (and ``all``), the policy's numbers (``episodes.aggregate``)."""
     out = []
@@ -184,15 +212,14 @@ def main() -> None:
                 agent={"max_new_tokens": args.max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
                 weights=weight_files(spec),
             ))  # fmt: skip
-            (args.run_dir / name / "device.txt").write_text(args.device)
+            record_devices(args.run_dir / name, list(sets), args.device)
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
-        script, _, flags = read_records([args.run_dir / name / "runs.jsonl"])[-1]["command"].partition(" ")
-        made[name] = f"python benchmarks/{Path(script).name} {flags}"
-        device = (
-            (args.run_dir / name / "device.txt").read_text() if (args.run_dir / name / "device.txt").is_file() else "?"
-        )
-        table += [row | {"device": device} for row in rows(name, records, args.bootstrap, rng)]
+        made[name] = "`, then `".join(commands(args.run_dir / name))
+        devices = recorded_devices(args.run_dir / name)
+        table += [
+            row | {"device": devices.get(row["dataset"], "?")} for row in rows(name, records, args.bootstrap, rng)
+        ]
         runs.append(run)
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
     command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])

@@ -51,3 +51,24 @@ def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
 def test_a_bad_policy_argument_says_what_was_expected(bad):
     with pytest.raises(SystemExit, match="expected NAME=SPEC:MODE"):
         policy_table.parse_policy(bad)
+
+
+def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_and_both_commands(tmp_path):
+    """One eval folder answered HotpotQA on a GPU and MuSiQue on this CPU: each set keeps its own device (one
+    device for the folder labelled the GPU's seconds as the CPU's), and the page lists both commands."""
+    import json
+
+    folder = tmp_path / "qwen-v2"
+    (folder / "results").mkdir(parents=True)
+    (folder / "results" / "hotpotqa.parallel.jsonl").write_text("{}\n")
+    (folder / "device.txt").write_text("cuda")  # as an older policy_table left it
+    policy_table.record_devices(folder, ["musique"], "cpu")
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda", "musique": "cpu"}
+    policy_table.record_devices(folder, ["hotpotqa"], "cuda (H200)")
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda (H200)", "musique": "cpu"}
+    runs = [{"command": f"/x/benchmarks/policy_table.py --sets {s}"} for s in ("hotpotqa", "musique", "hotpotqa")]
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert policy_table.commands(folder) == [
+        "python benchmarks/policy_table.py --sets hotpotqa",
+        "python benchmarks/policy_table.py --sets musique",
+    ]
