@@ -93,6 +93,12 @@ class World:
             })
             for _ in range(n_work)
         ]  # fmt: skip
+        measures = random.Random(seed + 104_729)  # quantities with units: a second stream leaves the first's draws
+        for person in self.people:
+            person.attrs["height"] = measures.randint(150, 205)
+        for city in self.cities:
+            city.attrs["area"] = measures.randint(20, 2500)
+            city.attrs["elevation"] = measures.randint(2, 3000)
         self.by_name = {e.name: e for e in self.entities}
 
     @property
@@ -115,14 +121,18 @@ class World:
         pick = sum(map(ord, e.name)) % 2
         if e.kind == "person":
             return [
-                f"{e.name} (born {a['born']} in {a['city']}) was a {a['occupation']}.",
-                f"{e.name} was a {a['occupation']} born in {a['city']} in the year {a['born']}.",
+                f"{e.name} (born {a['born']} in {a['city']}) was a {a['occupation']}. "
+                f"{e.name} was {a['height']} cm tall.",
+                f"{e.name} was a {a['occupation']} born in {a['city']} in the year {a['born']}, and stood "
+                f"{a['height']} cm tall.",
             ][pick]
         if e.kind == "city":
             return [
                 f"{e.name} is a city in {a['country']}, founded in {a['founded']}, with a population of "
-                f"{a['population']}.",
-                f"Founded in {a['founded']}, {e.name} is a city of {a['population']} people in {a['country']}.",
+                f"{a['population']}. It covers {a['area']:,} square kilometres at an elevation of "
+                f"{a['elevation']:,} metres.",
+                f"Founded in {a['founded']}, {e.name} is a city of {a['population']} people in {a['country']}, "
+                f"{a['elevation']:,} metres above sea level, with an area of {a['area']:,} square kilometres.",
             ][pick]
         if e.kind == "country":
             return [
@@ -148,16 +158,40 @@ class World:
         return [{"id": self.pid(e), "contents": f'"{e.title}"\n{self.text(e)}'} for e in self.entities]
 
 
-# Comparisons: (entity kind, attribute compared, sub-question noun, question, whether the smallest value wins).
+# Comparisons: (entity kind, attribute compared, sub-question noun, unit of its value, questions). Questions come
+# in pairs (two entities, more), asking for the smallest value ("min") or the largest ("max") in words that vary:
+# a policy taught only "first" and "most" read "taller" as "the shortest" (docs/results.md, 2026-11-26).
 # City sub-questions name the kind and the passage's own words: people and companies name their city too.
 _COMPARISONS = [
-    ("person", "born", "birth year", "Who was born first: {names}?", True),
-    ("person", "born", "birth year", "Which of these people was born most recently: {names}?", False),
-    ("city", "founded", "city founded", "Which city was founded earliest: {names}?", True),
-    ("city", "population", "city population", "Which city has the {most} inhabitants: {names}?", False),
-    ("company", "founded", "founding year", "Which company is the oldest: {names}?", True),
-    ("work", "year", "release year", "Which work was released first: {names}?", True),
-]
+    ("person", "born", "birth year", "", {
+        "min": [("Who was born first: {names}?",) * 2, ("Who is older: {names}?", "Who is the oldest: {names}?")],
+        "max": [("Which of these people was born most recently: {names}?",) * 2,
+                ("Who is younger: {names}?", "Who is the youngest: {names}?")]}),
+    ("person", "height", "height", "cm", {
+        "min": [("Who is shorter: {names}?", "Who is the shortest: {names}?")],
+        "max": [("Who is taller: {names}?", "Who is the tallest: {names}?")]}),
+    ("city", "founded", "city founded", "", {
+        "min": [("Which city was founded earlier: {names}?", "Which city was founded earliest: {names}?"),
+                ("Which city is older: {names}?", "Which city is the oldest: {names}?")],
+        "max": [("Which city was founded later: {names}?", "Which city was founded last: {names}?")]}),
+    ("city", "population", "city population", "", {
+        "min": [("Which city has fewer inhabitants: {names}?", "Which city has the fewest inhabitants: {names}?"),
+                ("Which city is smaller by population: {names}?", "Which city has the smallest population: {names}?")],
+        "max": [("Which city has more inhabitants: {names}?", "Which city has the most inhabitants: {names}?"),
+                ("Which city is bigger by population: {names}?", "Which city has the largest population: {names}?")]}),
+    ("city", "area", "city area", "square kilometres", {
+        "min": [("Which city covers less land: {names}?", "Which city has the smallest area: {names}?")],
+        "max": [("Which city is larger in area: {names}?", "Which city covers the most land: {names}?")]}),
+    ("city", "elevation", "city elevation", "metres", {
+        "min": [("Which city lies lower: {names}?", "Which city lies lowest: {names}?")],
+        "max": [("Which city lies higher: {names}?", "Which city is the highest above sea level: {names}?")]}),
+    ("company", "founded", "founding year", "", {
+        "min": [("Which company is older: {names}?", "Which company is the oldest: {names}?")],
+        "max": [("Which company is newer: {names}?", "Which company was founded most recently: {names}?")]}),
+    ("work", "year", "release year", "", {
+        "min": [("Which work was released first: {names}?",) * 2],
+        "max": [("Which work is more recent: {names}?", "Which work was released last: {names}?")]}),
+]  # fmt: skip
 
 # Yes/no comparisons of two entities: (entity kind, attribute, sub-question noun, question). A "{value}" question
 # asks whether both have that value, the others whether the two values are the same.
@@ -222,18 +256,20 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
 
     for k in range(2, 9):
         for _ in range(per_family):
-            kind, attr, noun, question_form, pick_first = rng.choice(_COMPARISONS)
+            kind, attr, noun, unit, asked = rng.choice(_COMPARISONS)
+            wanted = rng.choice(["min", "max"])
             pool = {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
             items = rng.sample(pool[kind], k)
             if len({e.attrs[attr] for e in items}) < k:
                 continue
-            pick = (min if pick_first else max)(items, key=lambda e: e.attrs[attr])
+            pick = (min if wanted == "min" else max)(items, key=lambda e: e.attrs[attr])
             names = ", ".join(e.name for e in items[:-1]) + f" or {items[-1].name}"
             plan = [[
-                {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
+                {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e),
+                 "finding": f"{e.attrs[attr]:,} {unit}" if unit else str(e.attrs[attr])}
                 for e in items
             ]]  # fmt: skip
-            question = question_form.format(names=names, most="most" if k > 2 else "more")
+            question = rng.choice(asked[wanted])[0 if k == 2 else 1].format(names=names)
             add("comparison", "comparison", question, pick.name, plan, k=k, depth=1)
     for depth in range(2, 5):
         for _ in range(per_family):

@@ -144,6 +144,20 @@ def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():
     )
 
 
+def test_values_with_units_are_compared_digit_by_digit_in_the_direction_the_answer_says():
+    heights = [{"sub_question": "Ann Roe height", "finding": "183 cm"}, {"sub_question": "Bo Lee height",
+               "finding": "175 cm"}]  # fmt: skip
+    assert comparison_verdict("Who is taller: Ann Roe or Bo Lee?", heights, "Ann Roe") == (
+        "The question asks for the largest. 183 vs 175: after 1, 8 > 7, so 183 is larger. The largest is 183 cm "
+        "(Ann Roe)."
+    )
+    assert comparison_verdict("Who is shorter: Ann Roe or Bo Lee?", heights, "Bo Lee").endswith("175 cm (Bo Lee).")
+    areas = [dict(heights[0], finding="1,250 square kilometres"), dict(heights[1], finding="980 square kilometres")]
+    assert "980 has fewer digits" in comparison_verdict("Which covers less land: Ann Roe or Bo Lee?", areas, "Bo Lee")
+    tall = [dict(heights[0], finding="183 cm tall"), heights[1]]  # a sentence, not a value
+    assert comparison_verdict("Who is taller: Ann Roe or Bo Lee?", tall, "Ann Roe") is None
+
+
 def test_a_yes_no_answer_follows_a_check_of_the_two_values():
     """Issue 25: the shipped policy answered every yes/no comparison "yes"; its gold had no yes/no check."""
     jobs = [{"sub_question": "A occupation", "finding": "composer"}, {"sub_question": "B occupation",

@@ -87,3 +87,28 @@ def test_plumbing_proof_gold_plans_through_the_real_graph_and_bm25(world, mode):
         for record in out["trajectory"]["search_rounds"]:
             for result in record["results"]:
                 assert gold[result["sub_query"]] in [p["id"] for p in result["passages"]], result["sub_query"]
+
+
+def test_comparisons_ask_for_the_smallest_and_the_largest_in_varied_words_with_units(tmp_path):
+    """Taught only "first" and "most", the policy read "taller" as "the shortest" (docs/results.md, 2026-11-26):
+    comparisons ask both ways, in varied words, of quantities stated with their units."""
+    corpus, path = generate(seed=11, entities=400, out=tmp_path, per_family=40)
+    questions = [json.loads(line) for line in path.read_text().splitlines()]
+    compared = [q for q in questions if q["family"] == "comparison"]
+    passages = {json.loads(line)["id"]: json.loads(line)["contents"] for line in corpus.read_text().splitlines()}
+    smallest = largest = 0
+    for q in compared:
+        steps = q["plan"][0]
+        values = [int(s["finding"].split()[0].replace(",", "")) for s in steps]
+        owner = next(
+            v for s, v in zip(steps, values, strict=True) if s["sub_question"].startswith(q["golden_answers"][0])
+        )
+        smallest += owner == min(values) < max(values)
+        largest += owner == max(values) > min(values)
+        for step in steps:  # the finding is what the passage states, with its unit
+            assert step["finding"].split()[0] in passages[step["passage_id"]], step
+    assert smallest > len(compared) // 4 and largest > len(compared) // 4, (smallest, largest)
+    words = " ".join(q["question"] for q in compared)
+    for word in ("talle", "shorte", "fewe", "younge", "highe", "lowe", "olde", "most recently"):  # -er or -est
+        assert word in words, word
+    assert any(s["finding"].endswith(" cm") for q in compared for s in q["plan"][0])

@@ -415,12 +415,17 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
 _READ = ["I found {found}.", "The information says {found}.", "From the passages: {found}."]
 
 
+#: the units a synthetic world's quantities are stated in
+_UNITS = "(?:cm|metres|square kilometres)"
+
+
 def _value(finding: str | None) -> int | None:
-    """A finding that is a bare number or date, as a number to compare (a date's year); None for text."""
+    """A finding that is a bare number, a number with its unit (``1,250 square kilometres``) or a date, as a
+    number to compare (a date's year); None for text."""
     if not finding:
         return None
-    if re.fullmatch(r"\d[\d,]*", finding):
-        return int(finding.replace(",", ""))
+    if number := re.fullmatch(rf"(\d[\d,]*)(?: {_UNITS})?", finding):
+        return int(number.group(1).replace(",", ""))
     return int(re.findall(r"\d{3,4}", finding)[-1]) if _DATE_RE.fullmatch(finding) else None
 
 
