@@ -486,8 +486,9 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     """The check a think turn spells out before answering yes or no, when every finding is a short value
     (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
     each is the value the question names (``Were A and B both composers?``): ``The question asks whether both
-    are composer. composer and engineer: not both composer.`` None when the findings are sentences or dates,
-    when the question names none of the values, or when the check does not give ``answer``."""
+    are composer. composer and engineer: not both composer.`` When a finding is a quoted sentence, the check
+    reads the sentences (``yes_no_reading``). None when the findings are dates, when the question names none of
+    the values, or when the check does not give ``answer``."""
     if answer.lower() not in ("yes", "no"):
         return None
     values = [s.get("finding") or "" for s in steps]
