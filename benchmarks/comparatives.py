@@ -90,11 +90,12 @@ async def run_policy(spec: str, questions: list[dict[str, Any]], work: Path) -> 
     from ps_agent.llms import resolve_text_policy
 
     resolve_text_policy(spec).expected = len(questions)  # one loaded policy per spec: every turn in one batch
-    agents = []
-    for i, case in enumerate(questions):
-        corpus = work / f"corpus-{i}.jsonl"
-        corpus.write_text("".join(json.dumps(line) + "\n" for line in case["corpus"]))
-        agents.append(ParallelSearchAgent(llm=spec, retriever=str(corpus), topk=1))
+    corpora = {}  # one corpus file per pair, shared by its four questions
+    for case in questions:
+        if case["pair"] not in corpora:
+            corpora[case["pair"]] = work / f"corpus-{case['pair']}.jsonl"
+            corpora[case["pair"]].write_text("".join(json.dumps(line) + "\n" for line in case["corpus"]))
+    agents = [ParallelSearchAgent(llm=spec, retriever=str(corpora[case["pair"]]), topk=1) for case in questions]
     outs = await asyncio.gather(
         *(agent.ainvoke(case["question"]) for agent, case in zip(agents, questions, strict=True))
     )

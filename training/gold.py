@@ -269,14 +269,11 @@ _STOPWORDS = frozenset({
 })  # fmt: skip
 
 
-def _key_words(text: str) -> set[str]:
-    """A text's content words, cut to five letters so that ``retains`` meets ``retaining``."""
-    return {w[:5] for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS}
-
-
-def _stems(text: str) -> set[str]:
-    """``_key_words`` with a plural's ``s`` dropped first, so that ``bands`` meets ``band``."""
-    return {w.rstrip("s")[:5] for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS}
+def _key_words(text: str, singular: bool = False) -> set[str]:
+    """A text's content words, cut to five letters so that ``retains`` meets ``retaining`` (``singular``: a
+    plural's ``s`` dropped first, so that ``bands`` meets ``band``)."""
+    words = [w for w in _normalised(text).split() if len(w) > 2 and w not in _STOPWORDS]
+    return {(w.rstrip("s") if singular else w)[:5] for w in words}
 
 
 def quote_for(contents: str, question: str, name: str) -> str:
@@ -494,8 +491,10 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     values = [s.get("finding") or "" for s in steps]
     if any(not v for v in values):
         return None
-    if any(len(v.split()) > 3 or re.search(r"\d", v) for v in values):
-        return yes_no_reading(question, steps, answer) if any(len(v.split()) > 3 for v in values) else None
+    if any(len(v.split()) > 3 for v in values):
+        return yes_no_reading(question, steps, answer)
+    if any(re.search(r"\d", v) for v in values):
+        return None
     listed = _and(values)
     if re.search(r"\bsame\b", question, re.IGNORECASE):
         yes = len({_normalised(v) for v in values}) == 1
@@ -603,10 +602,10 @@ def yes_no_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     else:
         end = max(lowered.index(name.lower()) + len(name) for name in names)
         tail = re.sub(r"^[\s,]*(both\s+)?", "", question[end:]).strip(" ?.")
-        wanted = _stems(tail)
-        if not tail or not wanted or len(wanted) > 4:
+        wanted = _key_words(tail, singular=True)
+        if not wanted or len(wanted) > 4:
             return None
-        holds = [wanted <= _stems(s["finding"]) for s in steps]
+        holds = [wanted <= _key_words(s["finding"], singular=True) for s in steps]
         aux = question.split()[0].lower()
         asked = f"both {tail}" if aux in ("do", "does", "did") else f"both {aux} {tail}"
         yes = all(holds)
