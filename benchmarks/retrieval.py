@@ -11,7 +11,9 @@ Reads the corpora and questions in ``../shared/data`` (never copied here); build
 - encoder: MiniLM in float32 vs bfloat16 side by side (passages/s, one query vs a batch of 64, cosine).
 - quality: recall@3/5/10 of the supporting passages on the dev questions, BM25 vs dense (Flat) vs hybrid
   (RRF), searching the full question, and searching each supporting title as its own sub-query
-  (the entity sub-query a decomposing agent issues; the datasets carry no gold sub-questions).
+  (the entity sub-query a decomposing agent issues; the datasets carry no gold sub-questions); BM25 with
+  its title field beside BM25 over the passage alone (``title_weight=0``), here and on the embedded corpus,
+  where each of 1,000 sampled titles is searched for its own article.
 - server: ``ps-agent serve-retriever --index`` (Flat, MiniLM) in its own process; 1/16/64/256 clients
   each sending one-query requests back to back for ``--seconds``; queries/s and p50/p99 latency with
   micro-batching on and off (off = each request encoded and searched alone, as Search-R1's server does).
@@ -41,6 +43,8 @@ import numpy as np  # noqa: E402
 from ps_agent.cache import cache_dir  # noqa: E402
 from ps_agent.processes import served  # noqa: E402
 from ps_agent.questions import SHARED_DATA  # noqa: E402
+from ps_agent.retrieval import BM25Retriever  # noqa: E402
+from ps_agent.retrieval.corpus import load_embedded_corpus  # noqa: E402
 from ps_agent.retrieval.dense import HybridRetriever  # noqa: E402
 from ps_agent.retrieval.encoders import load_encoder  # noqa: E402
 from ps_agent.retrieval.index import build_index, load_index  # noqa: E402
@@ -148,7 +152,13 @@ def bench_quality(data: Path) -> dict:
         questions = [json.loads(line) for line in (data / dataset / "dev.jsonl").open() if line.strip()]
         questions = [q for q in questions if q.get("supporting_doc_ids")]
         bm25, dense = load_index(index_folder(dataset, "bm25")), load_index(index_folder(dataset, "flat"))
-        retrievers = {"bm25": bm25, "dense": dense, "hybrid": HybridRetriever([bm25, dense])}
+        passage_only = BM25Retriever(bm25.passages, title_weight=0)
+        retrievers = {
+            "bm25, passage only": passage_only,
+            "bm25": bm25,
+            "dense": dense,
+            "hybrid": HybridRetriever([bm25, dense]),
+        }
         title_of = {passage.id: passage.title for passage in bm25.passages}
         golds = [set(q["supporting_doc_ids"]) for q in questions]
         pairs = [(n, d) for n, q in enumerate(questions) for d in q["supporting_doc_ids"]]
@@ -172,7 +182,23 @@ def bench_quality(data: Path) -> dict:
                         float(np.mean([f == g for f, g in zip(found, golds, strict=True)])), 3
                     )
         results[dataset] = row
+    results["embedded"] = bench_titles()
     return results
+
+
+def bench_titles(n: int = 1000, seed: int = 0) -> dict:
+    """Each of ``n`` sampled embedded-corpus titles searched alone: is its own article first, in the top 3?"""
+    passages = load_embedded_corpus()
+    sample = np.random.default_rng(seed).choice(len(passages), size=n, replace=False)
+    row: dict = {"passages": len(passages), "titles": n}
+    for name, weight in (("bm25, passage only", 0.0), ("bm25", 1.0)):
+        hits = BM25Retriever(passages, title_weight=weight).search([passages[i].title for i in sample], 3)
+        ids = [[p.id for p in found] for found in hits]
+        row[name] = {
+            "hit@1": round(float(np.mean([f[:1] == [passages[i].id] for f, i in zip(ids, sample, strict=True)])), 3),
+            "hit@3": round(float(np.mean([passages[i].id in f for f, i in zip(ids, sample, strict=True)])), 3),
+        }
+    return row
 
 
 async def load(url: str, queries: list[str], clients: int, seconds: float, warmup_s: float = 5.0) -> dict:
@@ -299,8 +325,9 @@ def markdown(results: dict) -> str:
             "| sub all@3 |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for dataset, row in results["quality"].items():
-            for name in ("bm25", "dense", "hybrid"):
+        quality = {d: row for d, row in results["quality"].items() if d != "embedded"}
+        for dataset, row in quality.items():
+            for name in ("bm25, passage only", "bm25", "dense", "hybrid"):
                 r = row[name]
                 lines.append(
                     f"| {dataset} ({row['questions']} q) | {name} | {r['full_question_recall@3']} "
@@ -309,6 +336,23 @@ def markdown(results: dict) -> str:
                     f"| {r['sub_query_recall@10']} | {r['sub_query_all_found@3']} |"
                 )
         lines.append("")
+        lines += [
+            "`bm25` scores two fields, the passage and its title, summed (BM25F-style); `bm25, passage only` is the "
+            "passage field alone (`title_weight=0`).",
+            "",
+        ]
+        if "embedded" in results["quality"]:
+            row = results["quality"]["embedded"]
+            lines += [
+                f"Embedded corpus ({row['passages']} lead summaries): each of {row['titles']} sampled titles searched "
+                "alone; is its own article first, or in the top 3?",
+                "",
+                "| retriever | hit@1 | hit@3 |",
+                "|---|---|---|",
+            ]
+            for name in ("bm25, passage only", "bm25"):
+                lines.append(f"| {name} | {row[name]['hit@1']} | {row[name]['hit@3']} |")
+            lines.append("")
     if "server" in results:
         server = results["server"]
         lines += [

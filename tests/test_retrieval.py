@@ -47,6 +47,41 @@ def test_bm25_finds_the_right_passages(corpus_file):
     assert all(p.score > 0 for p in results[0])
 
 
+def test_bm25_title_field_finds_the_article_a_query_names():
+    # The article "Paris" mentions the city once in a long text; two short passages mention it twice. The
+    # passage field alone ranks the short ones first (length normalisation); the title field puts the article first.
+    passages = [
+        Passage(
+            "0", "Paris", "Paris is the capital and largest city of France, on the Seine, " + "with museums, " * 20
+        ),
+        Passage("1", "Notre-Dame de Paris", "A cathedral in Paris, the seat of the Archbishop of Paris."),
+        Passage("2", "Sorbonne", "A university in Paris, founded as a college of the University of Paris."),
+    ]
+    titled, untitled = BM25Retriever(passages), BM25Retriever(passages, title_weight=0)
+    assert [[p.title for p in hits] for hits in titled.search(["Paris", "Paris population"], 1)] == [["Paris"]] * 2
+    assert untitled.search(["Paris"], 1)[0][0].title != "Paris"
+    assert titled.titles is not None and untitled.titles is None
+    assert titled.search(["", "the of", "zzzz"], 3) == [[], [], []]  # no word to match: no passage
+    assert titled.search(["Paris"], 0) == [[]]
+
+
+@pytest.mark.parametrize("weight", [-1, float("nan")])
+def test_bm25_title_weight_must_be_a_non_negative_number(weight):
+    with pytest.raises(ValueError, match="title_weight must be a number >= 0"):
+        BM25Retriever([Passage("0", "Paris", "Capital of France.")], title_weight=weight)
+
+
+def test_bm25_cache_without_the_title_field_is_rebuilt_with_it(corpus_file, tmp_path, caplog):
+    passages = load_jsonl_corpus(corpus_file)
+    cache = tmp_path / "cache"
+    BM25Retriever(passages, cache=cache, title_weight=0)  # what an older version saved: no titles/ folder
+    assert not (cache / "titles").exists()
+    rebuilt = BM25Retriever(passages, cache=cache)
+    assert "has no title field" in caplog.text
+    assert (cache / "titles" / "params.index.json").is_file() and rebuilt.titles is not None
+    assert BM25Retriever(passages, cache=cache).search(["Big Ben"], 2) == rebuilt.search(["Big Ben"], 2)
+
+
 def test_bm25_cache_round_trips(corpus_file, tmp_path):
     passages = load_jsonl_corpus(corpus_file)
     built = BM25Retriever(passages, cache=tmp_path / "cache")
