@@ -62,6 +62,7 @@ def test_bm25_title_field_finds_the_article_a_query_names():
     assert untitled.search(["Paris"], 1)[0][0].title != "Paris"
     assert titled.titles is not None and untitled.titles is None
     assert titled.search(["", "the of", "zzzz"], 3) == [[], [], []]  # no word to match: no passage
+    assert [p.title for p in titled.search(["Sorbonne"], 3)[0]] == ["Sorbonne"]  # one matches: no zero-score filler
     assert titled.search(["Paris"], 0) == [[]]
 
 

@@ -103,9 +103,9 @@ class BM25Retriever:
             if self.titles is not None:
                 scores = scores + self.title_weight * self.titles.get_scores(ids)
             kth = np.partition(scores, len(scores) - k)[len(scores) - k]
-            top = np.flatnonzero(scores >= kth)  # the k best, and any tied with the k-th
+            top = np.flatnonzero((scores >= kth) & (scores > 0))  # the k best that match, and any tied with the k-th
             top = top[np.lexsort((top, -scores[top]))][:k]  # best first; ties in corpus order
-            results.append([_scored(self.passages[int(i)], float(scores[i])) for i in top if scores[i] > 0])
+            results.append([_scored(self.passages[int(i)], float(scores[i])) for i in top])
         return results
 
     async def asearch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
