@@ -37,6 +37,13 @@ def figure(out: Path) -> Path:
     return out.parent / "figures" / f"{out.name}.png"
 
 
+def save(out: Path, payload: dict[str, Any], page: str) -> None:
+    """A benchmark's results: ``OUT.json`` (the payload) and ``OUT.md`` (its page)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    out.with_suffix(".md").write_text(page)
+
+
 def write_set(out: Path, records: list[dict[str, Any]], corpus: Path | None) -> Path:
     """``OUT/questions.jsonl`` of ``records``, and ``OUT/corpus.jsonl`` linked to ``corpus`` unless it is None (an
     eval's ``retriever="auto"`` then searches the embedded corpus) or already there."""
@@ -66,6 +73,21 @@ def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
         sample = [r for t in sorted(by_type) for r in rng.sample(by_type[t], min(take, len(by_type[t])))]
         sets[name] = write_set(out / name, sample, folder / "corpus.jsonl")
     return sets
+
+
+MODES = ("parallel", "sequential")
+
+
+def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, str]:
+    """``NAME=SPEC:MODE`` (or ``NAME=SPEC`` where the benchmark has a ``default_mode``) → (name, spec, mode)."""
+    name, sep, rest = text.partition("=")
+    spec, _, mode = rest.rpartition(":")
+    if mode not in MODES:  # no mode given (an ``hf:PATH`` spec holds a colon of its own)
+        spec, mode = rest, default_mode
+    if not sep or not name or not spec or mode not in MODES:
+        also = f" (or NAME=SPEC for {default_mode})" if default_mode else ""
+        raise SystemExit(f"--policy {text!r}: expected NAME=SPEC:MODE{also}, MODE parallel or sequential")
+    return name, spec, mode
 
 
 @dataclass

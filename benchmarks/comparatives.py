@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common import RESULTS, parse_policy, save  # noqa: E402
 from ps_agent.metrics import exact_match  # noqa: E402
 
 #: (question asking for the larger value, question asking for the smaller, then per entity: title, the other
@@ -85,7 +85,7 @@ def verdict_named(response: str) -> str | None:
     return found.group(1) if found else None
 
 
-async def run_policy(spec: str, questions: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+async def run_policy(spec: str, mode: str, questions: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
     from ps_agent import ParallelSearchAgent
     from ps_agent.llms import resolve_text_policy
 
@@ -95,7 +95,9 @@ async def run_policy(spec: str, questions: list[dict[str, Any]], work: Path) -> 
         if case["pair"] not in corpora:
             corpora[case["pair"]] = work / f"corpus-{case['pair']}.jsonl"
             corpora[case["pair"]].write_text("".join(json.dumps(line) + "\n" for line in case["corpus"]))
-    agents = [ParallelSearchAgent(llm=spec, retriever=str(corpora[case["pair"]]), topk=1) for case in questions]
+    agents = [
+        ParallelSearchAgent(llm=spec, retriever=str(corpora[case["pair"]]), topk=1, mode=mode) for case in questions
+    ]
     outs = await asyncio.gather(
         *(agent.ainvoke(case["question"]) for agent, case in zip(agents, questions, strict=True))
     )
@@ -127,7 +129,7 @@ def markdown(command: str, results: dict[str, list[dict[str, Any]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC, repeatable")
+    parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC[:MODE] (parallel), repeatable")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "comparatives")
     parser.add_argument("--out", type=Path, default=RESULTS / "comparatives")
     args = parser.parse_args()
@@ -135,15 +137,11 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     results = {}
     for item in args.policy:
-        name, sep, spec = item.partition("=")
-        if not sep or not name or not spec:
-            parser.error(f"--policy {item!r}: expected NAME=SPEC, e.g. qwen-sft=qwen0.5b-parallelsearch")
-        results[name] = asyncio.run(run_policy(spec, questions, args.work))
+        name, spec, mode = parse_policy(item, default_mode="parallel")
+        results[name] = asyncio.run(run_policy(spec, mode, questions, args.work))
         print(f"{name}: {sum(r['right'] for r in results[name])} of {len(questions)} right", flush=True)
     command = "python benchmarks/comparatives.py " + " ".join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(command, results))
+    save(args.out, {"command": command, "results": results}, markdown(command, results))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ questions, each with the summaries that state its facts (checked by ``tests/test
 question of the issues or the README. Each policy answers each question with BM25 over the embedded summaries, with
 its title field and without it (``title_weight=0``), so the table shows what retrieval changes for the same policy.
 
-    python benchmarks/embedded_questions.py --policy qwen-sft=qwen0.5b-parallelsearch
+    python benchmarks/embedded_questions.py --policy qwen-sft=qwen0.5b-parallelsearch \
+        --policy qwen-searchr1=qwen0.5b-searchr1:sequential
 
 Writes ``benchmarks/results/embedded_questions.{json,md}``: per policy and retriever, right answers by kind, and
 each question with its searches and answer.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import sys
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common import RESULTS, parse_policy, save  # noqa: E402
 from ps_agent.metrics import exact_match  # noqa: E402
 
 #: kind, question, answers, and the facts it needs: (summary title, the words of that summary stating the fact)
@@ -77,14 +77,15 @@ QUESTIONS: list[dict[str, Any]] = [
 RETRIEVERS = {"title field": 1.0, "passage only": 0.0}  # BM25Retriever(title_weight=...)
 
 
-async def run_policy(spec: str, title_weight: float) -> list[dict[str, Any]]:
+async def run_policy(spec: str, mode: str, title_weight: float) -> list[dict[str, Any]]:
     from ps_agent import ParallelSearchAgent
     from ps_agent.llms import resolve_text_policy
     from ps_agent.retrieval import BM25Retriever
     from ps_agent.retrieval.corpus import load_embedded_corpus
 
     resolve_text_policy(spec).expected = len(QUESTIONS)  # one loaded policy per spec: every turn in one batch
-    agent = ParallelSearchAgent(llm=spec, retriever=BM25Retriever(load_embedded_corpus(), title_weight=title_weight))
+    retriever = BM25Retriever(load_embedded_corpus(), title_weight=title_weight)
+    agent = ParallelSearchAgent(llm=spec, retriever=retriever, mode=mode)
     outs = await asyncio.gather(*(agent.ainvoke(q["question"]) for q in QUESTIONS))
     return [
         {"kind": q["kind"], "question": q["question"], "answer": out["answer"],
@@ -97,14 +98,15 @@ async def run_policy(spec: str, title_weight: float) -> list[dict[str, Any]]:
 
 def markdown(command: str, results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     kinds = sorted({q["kind"] for q in QUESTIONS}, reverse=True)
-    lines = [f"`{command}`", "", "| policy | retriever | right | " + " | ".join(kinds) + " |",
-             "|---|---|---|" + "---|" * len(kinds)]  # fmt: skip
+    lines = [f"`{command}`", "", "| policy | retriever | right | " + " | ".join(kinds) + " | LLM calls |",
+             "|---|---|---|" + "---|" * len(kinds) + "---|"]  # fmt: skip
     for name, by_retriever in results.items():
         for retriever, rows in by_retriever.items():
             counts = [f"{sum(r['right'] for r in rows if r['kind'] == k)} of {sum(r['kind'] == k for r in rows)}"
                       for k in kinds]  # fmt: skip
+            calls = sum(r["llm_calls"] for r in rows) / len(rows)
             lines.append(f"| {name} | {retriever} | {sum(r['right'] for r in rows)} of {len(rows)} | "
-                         + " | ".join(counts) + " |")  # fmt: skip
+                         + " | ".join(counts) + f" | {calls:.2f} |")  # fmt: skip
     for name, by_retriever in results.items():
         for retriever, rows in by_retriever.items():
             lines += ["", f"## {name}, {retriever}", "", "| question | searches | answer | right |",
@@ -116,21 +118,17 @@ def markdown(command: str, results: dict[str, dict[str, list[dict[str, Any]]]]) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC, repeatable")
+    parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC[:MODE] (parallel), repeatable")
     parser.add_argument("--out", type=Path, default=RESULTS / "embedded_questions")
     args = parser.parse_args()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for item in args.policy:
-        name, sep, spec = item.partition("=")
-        if not sep or not name or not spec:
-            parser.error(f"--policy {item!r}: expected NAME=SPEC, e.g. qwen-sft=qwen0.5b-parallelsearch")
+        name, spec, mode = parse_policy(item, default_mode="parallel")
         for retriever, weight in RETRIEVERS.items():
-            rows = results.setdefault(name, {})[retriever] = asyncio.run(run_policy(spec, weight))
+            rows = results.setdefault(name, {})[retriever] = asyncio.run(run_policy(spec, mode, weight))
             print(f"{name}, {retriever}: {sum(r['right'] for r in rows)} of {len(rows)} right", flush=True)
     command = "python benchmarks/embedded_questions.py " + " ".join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(command, results))
+    save(args.out, {"command": command, "results": results}, markdown(command, results))
 
 
 if __name__ == "__main__":

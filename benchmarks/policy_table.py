@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, Run, paper_tables, write_set  # noqa: E402
+from benchmarks.common import RESULTS, Run, paper_tables, parse_policy, write_set  # noqa: E402
 from ps_agent.configuration import BOUNDS  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
@@ -71,15 +71,6 @@ def validation_sets(
         corpus = folder / "corpus.jsonl"
         sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
     return sets
-
-
-def parse_policy(text: str) -> tuple[str, str, str]:
-    """``NAME=SPEC:MODE``."""
-    name, _, rest = text.partition("=")
-    spec, _, mode = rest.rpartition(":")
-    if not name or not spec or mode not in ("parallel", "sequential"):
-        raise SystemExit(f"--policy {text!r}: expected NAME=SPEC:MODE, MODE parallel or sequential")
-    return name, spec, mode
 
 
 def weight_files(spec: str) -> list[Path]:

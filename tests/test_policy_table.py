@@ -72,3 +72,22 @@ def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_a
         "python benchmarks/policy_table.py --sets hotpotqa",
         "python benchmarks/policy_table.py --sets musique",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("v2=hf:runs/sft/final", ("v2", "hf:runs/sft/final", "parallel")),  # the spec's own colon is not a mode
+        ("v2=hf:runs/sft/final:sequential", ("v2", "hf:runs/sft/final", "sequential")),
+        ("sft=qwen0.5b-parallelsearch", ("sft", "qwen0.5b-parallelsearch", "parallel")),
+    ],
+)
+def test_a_benchmark_with_a_default_mode_takes_a_policy_without_one(text, parsed):
+    assert policy_table.parse_policy(text, default_mode="parallel") == parsed
+
+
+def test_a_policy_without_a_mode_is_refused_where_the_benchmark_has_no_default():
+    with pytest.raises(SystemExit, match=r"expected NAME=SPEC:MODE, MODE parallel or sequential"):
+        policy_table.parse_policy("v2=hf:runs/sft/final")
+    with pytest.raises(SystemExit, match=r"or NAME=SPEC for parallel"):
+        policy_table.parse_policy("=qwen0.5b-parallelsearch", default_mode="parallel")
