@@ -141,6 +141,9 @@ def test_every_index_type_finds_passages_by_their_title(built, passages):
     flat = load_index(built, "flat")
     assert isinstance(flat, DenseRetriever) and all(p.score is not None for p in search(flat, titles[:2], 3)[0])
     assert isinstance(load_index(built), HybridRetriever)  # dense + BM25 in one folder: hybrid by default
+    bm25 = load_index(built, "bm25")  # built from the passage store, with its title field beside the passage
+    assert (built / "bm25" / "titles" / "params.index.json").is_file() and bm25.titles is not None
+    assert bm25.titles.scores["num_docs"] == N
 
 
 def test_reciprocal_rank_fusion_rewards_agreement():
