@@ -17,6 +17,11 @@ from asyncio_throttle import Throttler
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
 
+def contents_title(contents: str) -> str:
+    """The title of a Search-R1/FlashRAG ``contents`` string (``"Title"\\ntext``)."""
+    return contents.partition("\n")[0].strip().strip('"')
+
+
 @dataclass(frozen=True)
 class Passage:
     """One retrieved passage; ``title`` and ``text`` are what the model reads."""
@@ -29,8 +34,8 @@ class Passage:
     @classmethod
     def from_contents(cls, id: str, contents: str, score: float | None = None) -> Passage:
         """Parse Search-R1/FlashRAG ``contents`` (``"Title"\\ntext``)."""
-        title, _, text = contents.partition("\n")
-        return cls(id=id, title=title.strip().strip('"'), text=text.strip(), score=score)
+        _, _, text = contents.partition("\n")
+        return cls(id=id, title=contents_title(contents), text=text.strip(), score=score)
 
     @property
     def contents(self) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from bm25s.tokenization import Tokenized, Tokenizer
 
 from ps_agent.cache import written_whole
-from ps_agent.retrieval.base import Passage
+from ps_agent.retrieval.base import Passage, contents_title
 from ps_agent.retrieval.store import PassageStore
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class BM25Retriever:
         for texts in _contents(self.passages):  # tokenised in chunks into one vocabulary, shared by both fields
             ids += self.tokenizer.tokenize(texts, update_vocab=True, show_progress=False, return_as="ids")
             if self.title_weight:
-                titles = [_title(contents) for contents in texts]
+                titles = [contents_title(contents) for contents in texts]
                 title_ids += self.tokenizer.tokenize(titles, update_vocab=True, show_progress=False, return_as="ids")
         vocab = self.tokenizer.get_vocab_dict()
         self.index = bm25s.BM25()
@@ -113,11 +113,6 @@ class BM25Retriever:
 
 
 _TITLES = "titles"  # the title field's bm25s files, in a subfolder of the index folder
-
-
-def _title(contents: str) -> str:
-    """The title of a Search-R1/FlashRAG ``contents`` string (``"Title"\\ntext``)."""
-    return contents.partition("\n")[0].strip().strip('"')
 
 
 def _scored(passage: Passage, score: float) -> Passage:
