@@ -128,6 +128,8 @@ def markdown(command: str, results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main() -> None:
+    from ps_agent.llms import release_text_policies
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC[:MODE] (parallel), repeatable")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "comparatives")
@@ -139,6 +141,7 @@ def main() -> None:
     for item in args.policy:
         name, spec, mode = parse_policy(item, default_mode="parallel")
         results[name] = asyncio.run(run_policy(spec, mode, questions, args.work))
+        release_text_policies()  # one loaded policy at a time: three 0.5B policies at once exceed 24 GB
         print(f"{name}: {sum(r['right'] for r in results[name])} of {len(questions)} right", flush=True)
     command = "python benchmarks/comparatives.py " + " ".join(sys.argv[1:])
     save(args.out, {"command": command, "results": results}, markdown(command, results))

@@ -117,6 +117,8 @@ def markdown(command: str, results: dict[str, dict[str, list[dict[str, Any]]]]) 
 
 
 def main() -> None:
+    from ps_agent.llms import release_text_policies
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC[:MODE] (parallel), repeatable")
     parser.add_argument("--out", type=Path, default=RESULTS / "embedded_questions")
@@ -127,6 +129,7 @@ def main() -> None:
         for retriever, weight in RETRIEVERS.items():
             rows = results.setdefault(name, {})[retriever] = asyncio.run(run_policy(spec, mode, weight))
             print(f"{name}, {retriever}: {sum(r['right'] for r in rows)} of {len(rows)} right", flush=True)
+        release_text_policies()  # one loaded policy at a time: three 0.5B policies at once exceed 24 GB
     command = "python benchmarks/embedded_questions.py " + " ".join(sys.argv[1:])
     save(args.out, {"command": command, "results": results}, markdown(command, results))
 

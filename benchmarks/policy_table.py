@@ -36,7 +36,13 @@ from benchmarks.common import RESULTS, Run, paper_tables, parse_policy, write_se
 from ps_agent.configuration import BOUNDS  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
-from ps_agent.llms import embedded_base, embedded_model_path, policies_dir, resolve_text_policy  # noqa: E402
+from ps_agent.llms import (  # noqa: E402
+    embedded_base,
+    embedded_model_path,
+    policies_dir,
+    release_text_policies,
+    resolve_text_policy,
+)
 from ps_agent.questions import SHARED_DATA, question_class, read_split  # noqa: E402
 from ps_agent.synthetic import HELD_OUT_SEED, generate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
@@ -204,6 +210,7 @@ def main() -> None:
                 weights=weight_files(spec),
             ))  # fmt: skip
             record_devices(args.run_dir / name, list(sets), args.device)
+            release_text_policies()  # one loaded policy at a time
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
         made[name] = "`, then `".join(commands(args.run_dir / name))

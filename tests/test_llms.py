@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -31,6 +32,7 @@ from ps_agent.llms import (
     check_gguf,
     load_adapter_model,
     policies_dir,
+    release_text_policies,
     resolve_chat_model,
     resolve_text_policy,
     transcript_messages,
@@ -152,6 +154,23 @@ def test_concurrent_turns_are_one_batch_and_a_finished_rollout_releases_the_wait
     completions = asyncio.run(rollouts())
     assert policy.batch_sizes == [3, 2]
     assert [len(c.token_ids) == c.completion_tokens > 0 for c in completions] == [True] * 5
+
+
+def test_a_released_policy_is_freed_after_it_answered_and_loads_again(tiny_model, tmp_path):
+    from ps_agent import ParallelSearchAgent
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": '"Eiffel Tower"\nThe tower was completed in 1889.'}) + "\n")
+    spec = f"hf:{tiny_model}"
+    policy = resolve_text_policy(spec)
+    out = ParallelSearchAgent(llm=spec, retriever=str(corpus), topk=1, max_new_tokens=8).invoke(QUESTION)
+    assert out["stats"]["llm_calls"] >= 1  # the policy answered through the agent's graph
+    model, policy = weakref.ref(policy.model), None
+    cached = model() is not None  # (a bool: an assert's own temporaries would hold the model)
+    assert cached  # still cached for the next run of the spec
+    release_text_policies()
+    assert model() is None  # nothing the agent left behind holds the weights
+    assert resolve_text_policy(spec).model is not None  # the spec loads again
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from ps_agent.llms.embedded import (
 )
 from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy, token_cap, transcript_messages
 from ps_agent.llms.local import TransformersPolicy
-from ps_agent.llms.specs import SPEC_FORMS, resolve_chat_model, resolve_text_policy
+from ps_agent.llms.specs import SPEC_FORMS, release_text_policies, resolve_chat_model, resolve_text_policy
 from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length, segment_ids, special_strings, text_ids
 from ps_agent.llms.vllm import ContextFull, OpenAICompletionsPolicy
 
@@ -71,6 +71,7 @@ __all__ = [
     "model_path",
     "peft_adapter",
     "policies_dir",
+    "release_text_policies",
     "resolve_chat_model",
     "resolve_text_policy",
     "segment_ids",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,15 @@ def resolve_text_policy(llm: Any = None, mode: str = "parallel") -> TextPolicy:
     if isinstance(llm, TextPolicy):
         return llm
     raise LLMSpecError(f"cannot use {type(llm).__name__} as an LLM: expected {SPEC_FORMS}")
+
+
+def release_text_policies() -> None:
+    """Forget the policies loaded from spec strings, so that each one's weights are freed once nothing else holds
+    it. A process that answers with several policies in turn (a benchmark) then holds one at a time; a later
+    ``resolve_text_policy`` of a spec loads it again."""
+    with _SPEC_LOCK:
+        _text_policy_from_spec.cache_clear()
+    gc.collect()
 
 
 def resolve_chat_model(llm: Any) -> BaseChatModel:
