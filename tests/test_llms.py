@@ -154,6 +154,23 @@ def test_concurrent_turns_are_one_batch_and_a_finished_rollout_releases_the_wait
     assert [len(c.token_ids) == c.completion_tokens > 0 for c in completions] == [True] * 5
 
 
+def test_a_closed_policy_has_stopped_its_generation_thread_and_answers_again(tiny_model):
+    policy = TransformersPolicy.from_pretrained(tiny_model)
+    prompt = render_chat_prompt(QUESTION)
+
+    def generation_threads() -> int:
+        return sum(t.name.startswith("ps-agent-generate") for t in threading.enumerate())
+
+    before = generation_threads()  # other policies of this worker may have theirs
+    first = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=4))
+    assert generation_threads() == before + 1
+    policy.close()
+    assert generation_threads() == before  # joined: its last turn no longer holds the model
+    again = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=4))
+    assert again.token_ids == first.token_ids
+    policy.close()
+
+
 RELEASE_CHECK = """
 import json, sys, weakref
 from ps_agent import ParallelSearchAgent

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 from pathlib import Path
@@ -56,7 +55,19 @@ def _transformers_policy(path: Path) -> TransformersPolicy:
     return TransformersPolicy.from_pretrained(path)
 
 
-@functools.lru_cache(maxsize=8)
+_loaded: dict[str, TextPolicy] = {}  # the policies of spec strings, loaded once each, newest used last
+_MAX_LOADED = 8
+
+
+def _loaded_policy(spec: str) -> TextPolicy:
+    """The policy of ``spec``, loaded on first use (call under ``_SPEC_LOCK``)."""
+    policy = _loaded.pop(spec, None)
+    _loaded[spec] = policy = _text_policy_from_spec(spec) if policy is None else policy
+    if len(_loaded) > _MAX_LOADED:
+        del _loaded[next(iter(_loaded))]  # the least recently used
+    return policy
+
+
 def _text_policy_from_spec(spec: str) -> TextPolicy:
     base = embedded_base(spec)
     if base is not None and spec == f"{base.name}-base":
@@ -77,7 +88,7 @@ def resolve_text_policy(llm: Any = None, mode: str = "parallel") -> TextPolicy:
     trained policy of ``mode``)."""
     if llm is None or isinstance(llm, str):
         with _SPEC_LOCK:  # concurrent first runs load a spec's model once
-            return _text_policy_from_spec(embedded_spec(llm, mode))
+            return _loaded_policy(embedded_spec(llm, mode))
     if isinstance(llm, BaseChatModel):
         return LangChainChatPolicy(llm)
     if isinstance(llm, BaseLLM):
@@ -92,7 +103,12 @@ def release_text_policies() -> None:
     it. A process that answers with several policies in turn (a benchmark) then holds one at a time; a later
     ``resolve_text_policy`` of a spec loads it again."""
     with _SPEC_LOCK:
-        _text_policy_from_spec.cache_clear()
+        released = list(_loaded.values())
+        _loaded.clear()
+    for policy in released:
+        if isinstance(policy, TransformersPolicy):
+            policy.close()  # its generation thread may still hold the model for a moment after the last turn
+    released = policy = None
     gc.collect()
 
 
