@@ -137,9 +137,9 @@ def main() -> None:
     args = parser.parse_args()
     questions = cases()
     args.work.mkdir(parents=True, exist_ok=True)
+    policies = [parse_policy(item, default_mode="parallel") for item in args.policy]  # all, before the first runs
     results = {}
-    for item in args.policy:
-        name, spec, mode = parse_policy(item, default_mode="parallel")
+    for name, spec, mode in policies:
         results[name] = asyncio.run(run_policy(spec, mode, questions, args.work))
         release_text_policies()  # one loaded policy at a time: three 0.5B policies at once exceed 24 GB
         print(f"{name}: {sum(r['right'] for r in results[name])} of {len(questions)} right", flush=True)

@@ -123,9 +123,9 @@ def main() -> None:
     parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC[:MODE] (parallel), repeatable")
     parser.add_argument("--out", type=Path, default=RESULTS / "embedded_questions")
     args = parser.parse_args()
+    policies = [parse_policy(item, default_mode="parallel") for item in args.policy]  # all, before the first runs
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for item in args.policy:
-        name, spec, mode = parse_policy(item, default_mode="parallel")
+    for name, spec, mode in policies:
         for retriever, weight in RETRIEVERS.items():
             rows = results.setdefault(name, {})[retriever] = asyncio.run(run_policy(spec, mode, weight))
             print(f"{name}, {retriever}: {sum(r['right'] for r in rows)} of {len(rows)} right", flush=True)

@@ -3,6 +3,7 @@ answer is the entity whose passage states that extreme."""
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,3 +32,15 @@ def test_each_question_is_answered_by_the_passage_stating_the_extreme_it_asks_fo
 def test_the_verdict_reader_names_the_extreme_or_none():
     assert comparatives.verdict_named("<think> The question asks for the largest. 8 > 6 </think>") == "largest"
     assert comparatives.verdict_named("<think> So the answer is K2. </think>") is None
+
+
+def test_a_malformed_later_policy_is_refused_before_the_first_one_runs(tmp_path):
+    script = Path(__file__).parents[1] / "benchmarks" / "comparatives.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--policy", f"first=hf:{tmp_path / 'missing'}", "--policy", "second",
+         "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "--policy 'second': expected NAME=SPEC" in done.stderr  # the second is read first: the first never loads
+    assert "model path not found" not in done.stderr

@@ -34,8 +34,8 @@ class Passage:
     @classmethod
     def from_contents(cls, id: str, contents: str, score: float | None = None) -> Passage:
         """Parse Search-R1/FlashRAG ``contents`` (``"Title"\\ntext``)."""
-        _, _, text = contents.partition("\n")
-        return cls(id=id, title=contents_title(contents), text=text.strip(), score=score)
+        title_line, _, text = contents.partition("\n")
+        return cls(id=id, title=contents_title(title_line), text=text.strip(), score=score)
 
     @property
     def contents(self) -> str:
