@@ -11,7 +11,10 @@ turns, padding excluded) after one warm-up step. The settings add one change at 
 - ``+full-loss``: the model's own cross-entropy over every position's logits instead of the fused LM head;
 - ``+trained-positions`` (run_sft.py): the LM head only at the positions trained on;
 - ``r16``: run_sft.py's rank 16 (the shipped adapters), in the precision run_sft.py picks for this machine, then in
-  the other one (float32 where bf16 autocast is the pick, bf16 autocast where float32 is: slow unless native).
+  the other one (float32 where bf16 autocast is the pick, bf16 autocast where float32 is: slow unless native);
+- ``r16, 2 at once`` and ``r16, 1 at once``: the same 4 episodes a step, as 2 batches of 2 or 4 of 1 with their
+  gradients accumulated (less padding and memory; on a CPU a batch of one long episode already fills the cores).
+``--only`` runs some of the settings by name.
 Each row is written as soon as it is measured, so a run cut short keeps what it measured.
 Results go to benchmarks/results/sft_speed.{json,md}.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,6 +46,8 @@ SETTINGS = {
     "+full-loss": ["--lora_r", "64", "--lora_alpha", "128", "--loss", "full"],
     "+trained-positions": ["--lora_r", "64", "--lora_alpha", "128"],
     "r16 (run_sft.py)": [],
+    "r16, 2 at once": ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2"],
+    "r16, 1 at once": ["--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4"],
 }  # fmt: skip
 
 
@@ -65,8 +71,10 @@ def main() -> None:
     parser.add_argument("--episodes", default="runs/gold/parallel.jsonl", help="gold episodes tokenized for --model")
     parser.add_argument("--name", default="sft_speed", help="results file name under --out")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--max-length", type=int, default=896, help="the --max-length the episodes were built with")
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "sft-speed")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--only", nargs="+", metavar="SETTING", help="run only these settings (names as in the table)")
     args = parser.parse_args()
 
     other = (
@@ -74,13 +82,20 @@ def main() -> None:
         if device_defaults()["bf16"]
         else ("r16, bf16 autocast", ["--bf16", "true"])
     )
+    settings = dict([*SETTINGS.items(), other])
+    unknown = sorted(set(args.only or ()) - set(settings))
+    if unknown:
+        parser.error(f"--only: no setting named {unknown}; expected some of {sorted(settings)}")
     rows = []
-    for name, flags in [*SETTINGS.items(), other]:
+    for name, flags in settings.items():
+        if args.only and name not in args.only:
+            continue
         timer = StepTimer()
         run_sft(
             ["--model_name_or_path", args.model, "--episodes", args.episodes,
              "--output_dir", str(args.run_dir / name.strip("+").replace(",", "").replace(" ", "-")),
-             "--max_steps", str(args.steps + 1), "--save_strategy", "no", "--report_to", "none", "--seed", "0",
+             "--max_steps", str(args.steps + 1), "--max_length", str(args.max_length), "--save_strategy", "no",
+             "--report_to", "none", "--seed", "0",
              "--logging_steps", "1000", "--include_num_input_tokens_seen", "true", *flags],
             callbacks=[timer],
         )  # fmt: skip
@@ -98,16 +113,16 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 
     base = rows[0]["tokens_per_s"]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({bf16_support()})"
-    result = {"command": "python benchmarks/sft_speed.py " + " ".join(sys.argv[1:]), "episodes": args.episodes,
+    result = {"command": shlex.join(["python", "benchmarks/sft_speed.py", *sys.argv[1:]]), "episodes": args.episodes,
               "model": args.model, "device": device, "steps": args.steps, "rows": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# SFT throughput ({args.model} + LoRA on {device}, batches of 4 gold episodes)",
+        f"# SFT throughput ({args.model} + LoRA on {device}, optimizer steps of 4 gold episodes)",
         "",
         f"`{result['command']}` — {args.steps} timed steps per setting after one warm-up step, same episodes.",
         "",
-        "| setting | episode tokens/s | × TRL defaults | s/step | tokens/step |",
+        f"| setting | episode tokens/s | × {rows[0]['setting']} | s/step | tokens/step |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
