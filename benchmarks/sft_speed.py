@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument("--episodes", default="runs/gold/parallel.jsonl", help="gold episodes tokenized for --model")
     parser.add_argument("--name", default="sft_speed", help="results file name under --out")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--max-length", type=int, default=896, help="the --max-length the episodes were built with")
+    parser.add_argument(
+        "--max-length", type=int, help="the --max-length the episodes were built with (default: run_sft.py's)"
+    )
     parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "sft-speed")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--only", nargs="+", metavar="SETTING", help="run only these settings (names as in the table)")
@@ -86,6 +88,7 @@ def main() -> None:
     unknown = sorted(set(args.only or ()) - set(settings))
     if unknown:
         parser.error(f"--only: no setting named {unknown}; expected some of {sorted(settings)}")
+    max_length = ["--max_length", str(args.max_length)] if args.max_length else []  # else run_sft.py's default
     rows = []
     for name, flags in settings.items():
         if args.only and name not in args.only:
@@ -94,9 +97,8 @@ def main() -> None:
         run_sft(
             ["--model_name_or_path", args.model, "--episodes", args.episodes,
              "--output_dir", str(args.run_dir / name.strip("+").replace(",", "").replace(" ", "-")),
-             "--max_steps", str(args.steps + 1), "--max_length", str(args.max_length), "--save_strategy", "no",
-             "--report_to", "none", "--seed", "0",
-             "--logging_steps", "1000", "--include_num_input_tokens_seen", "true", *flags],
+             "--max_steps", str(args.steps + 1), "--save_strategy", "no", "--report_to", "none", "--seed", "0",
+             "--logging_steps", "1000", "--include_num_input_tokens_seen", "true", *max_length, *flags],
             callbacks=[timer],
         )  # fmt: skip
         timed = timer.steps[1:]  # the first step warms up
