@@ -225,10 +225,11 @@ def _step(world: World, name: str) -> tuple[str, str, str]:
     return e.attrs[attr], phrase, query.format(name)
 
 
-def _chain(world: World, rng: random.Random, depth: int) -> dict[str, Any]:
-    """A chain of ``depth`` search rounds: ``depth - 1`` hops from a company or work, then one attribute."""
+def _chain(world: World, rng: random.Random, depth: int, start: Entity | None = None) -> dict[str, Any]:
+    """A chain of ``depth`` search rounds: ``depth - 1`` hops from a company or work (``start``, else drawn), then
+    one attribute."""
     kind, attr, noun = _FINAL[depth]
-    start = rng.choice(world.companies + world.works)
+    start = start or rng.choice(world.companies + world.works)
     plan, phrase, current = [], "{}", start.name
     for _ in range(depth - 1):
         nxt, hop_phrase, query = _step(world, current)
@@ -312,7 +313,39 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         value = rng.choice(pair).attrs[attr]  # a "both" question asks for one of the two values
         question = question_form.format(a=pair[0].name, b=pair[1].name, value=value)
         add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)
+    for _ in range(per_family * 2):  # hybrids that ask for the start of the chain, as 2Wiki asks its own
+        kind = rng.choice(["work", "company"])
+        starts = rng.sample(world.works if kind == "work" else world.companies, 2)
+        chains = [_chain(world, rng, 2, start) for start in starts]
+        born = [c["value"] for c in chains]
+        if born[0] == born[1]:
+            continue
+        wanted = rng.choice(["min", "max"])
+        pick = (min if wanted == "min" else max)(chains, key=lambda c: c["value"])
+        kinds = {e.attrs["kind"] for e in starts} if kind == "work" else {"company"}
+        noun = kinds.pop() if len(kinds) == 1 else "work"
+        role = _HOPS[kind][0]
+        form = rng.choice(_BY_START[wanted])
+        question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)
+        rounds = [[c["plan"][i] for c in chains] for i in range(2)]
+        add("hybrid", "hybrid", question, pick["start"], rounds, k=2, depth=2, answer_round=0)
     return out
+
+
+# Hybrid questions in 2Wiki's form: which of two works or companies has the creator or founder born first (``min``)
+# or last (``max``); the answer is the work or company, not the person.
+_BY_START = {
+    "min": [
+        "Which {noun} has the {role} born first, {a} or {b}?",
+        "Which {noun} has the {role} who is older, {a} or {b}?",
+        "Which {noun} has the {role} who was born earlier, {a} or {b}?",
+    ],
+    "max": [
+        "Which {noun} has the {role} born later, {a} or {b}?",
+        "Which {noun} has the {role} who is younger, {a} or {b}?",
+        "Which {noun} whose {role} was born more recently, {a} or {b}?",
+    ],
+}
 
 
 def generate(seed: int, entities: int, out: str | Path, per_family: int = 3) -> tuple[Path, Path]:

@@ -124,6 +124,25 @@ def test_a_verdict_is_spelled_out_only_for_comparable_values_owned_by_the_answer
     assert comparison_verdict("Which is older, A or B?", texts, "A") is None  # sentences are quoted, not compared
 
 
+def test_a_synthetic_hybrid_asking_for_the_chains_start_names_the_start_in_its_verdict():
+    plan = [
+        [{"sub_question": "The Vorth Tide creator", "finding": "Bo Lee"},
+         {"sub_question": "Kest Works founder", "finding": "Ada Roe"}],
+        [{"sub_question": "Bo Lee birth year", "finding": "1957"},
+         {"sub_question": "Ada Roe birth year", "finding": "1985"}],
+    ]  # fmt: skip
+    question = "Which work has the creator born first, The Vorth Tide or Kest Works?"
+    q = GoldQuestion("h", question, ["The Vorth Tide"], "hybrid", plan, "synthetic", "c")
+    last = teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert "1957 vs 1985: after 19, 5 < 8, so 1957 is earlier. The earliest is 1957 (The Vorth Tide)." in last
+    # a real one reads a passage's first date, often a birth where a death is asked: no verdict from it
+    real = GoldQuestion("r", question, ["The Vorth Tide"], "bridge_comparison", plan, "2wikimultihopqa", "c")
+    assert "vs" not in teacher_turns(real, "parallel", random.Random(0))[-1]
+    plan[1].reverse()  # the people in the other order: which work a year belongs to is no longer known
+    last = teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert "vs" not in last and "The Vorth Tide" in last
+
+
 def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():
     """Issue 25: the shipped policy quoted both dates right and then named the wrong one; the verdict now
     decides one digit at a time, against the best value so far."""

@@ -400,13 +400,35 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
     answer = q.golden_answers[0]
     verdict = None
     if len(q.plan[-1]) > 1:
-        verdict = comparison_verdict(q.question, q.plan[-1], answer) or yes_no_verdict(q.question, q.plan[-1], answer)
+        # a synthetic hybrid may ask for where each chain started ("Which album has the creator born first?"): the
+        # first round names what each value belongs to, where each of its findings names the entity searched next.
+        # Not a real one: the value read there is a passage's first date, often a birth where a death is asked.
+        aligned = q.source == "synthetic" and _chains_aligned(q.plan[0], q.plan[-1])
+        starts = [s["sub_question"] for s in q.plan[0]] if aligned else None
+        verdict = (
+            comparison_verdict(q.question, q.plan[-1], answer)
+            or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
+            or yes_no_verdict(q.question, q.plan[-1], answer)
+        )
     if verdict:
         think = f"{rng.choice(_READ).format(found=found)} {verdict} So the answer is {answer}."
     else:
         think = rng.choice(_ANSWER[found is not None]).format(found=found, answer=answer)
     turns.append(f"<think> {think} </think>\n{render_answer(answer)}")
     return turns
+
+
+def _chains_aligned(first: Sequence[dict[str, Any]], last: Sequence[dict[str, Any]]) -> bool:
+    """Two rounds of parallel chains in the same order: each first-round finding names the entity its chain's
+    last-round step searches (``Bo Lee`` → ``Bo Lee birth year``; a film's sentence naming its director → the
+    director's title)."""
+    if first is last or len(first) != len(last):
+        return False
+    for a, b in zip(first, last, strict=True):
+        found, searched = _normalised(a.get("finding") or ""), _normalised(b["sub_question"])
+        if not found or not (found in searched or searched in found):
+            return False
+    return True
 
 
 _READ = ["I found {found}.", "The information says {found}.", "From the passages: {found}."]
@@ -446,18 +468,22 @@ _BETTER = {"earliest": min, "smallest": min, "latest": max, "largest": max}
 _DIGITS_UP_TO = 3
 
 
-def comparison_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+def comparison_verdict(
+    question: str, steps: Sequence[dict[str, Any]], answer: str, names: Sequence[str] | None = None
+) -> str | None:
     """The comparison a think turn spells out before answering, when every compared value is a number or date
     and the answer is the entity with the smallest or largest: what the question asks for, then each value
     against the best so far, digit by digit (``compare_two``; beyond ``_DIGITS_UP_TO`` values, the values listed),
     then the winner's owner: ``The question asks for
     the earliest. 1879 vs 1856: after 18, 7 > 5, so 1856 is earlier. The earliest is March 3, 1856 (Bo Lee).``
+    ``names``: what each step's value belongs to, as the answer may name it (default: each step's sub-question).
     None when the values cannot be compared that way (text findings, ties, yes/no answers)."""
     values = [_value(s.get("finding")) for s in steps]
     if any(v is None for v in values) or len(set(values)) < len(values):
         return None
     key = _normalised(answer)
-    owners = [i for i, s in enumerate(steps) if key and _normalised(s["sub_question"]).startswith(key)]
+    names = names or [s["sub_question"] for s in steps]
+    owners = [i for i, name in enumerate(names) if key and _normalised(name).startswith(key)]
     if len(owners) != 1:
         return None
     mine = values[owners[0]]
