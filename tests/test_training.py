@@ -616,6 +616,10 @@ def lockstep_rank(tokenizer_path: str, out_dir: str) -> None:
     own = asyncio.run(policy.run([rollout(f"Question {i} of rank {rank}?", n) for i, n in enumerate(turns)]))
     result = {"own": own, "batch_sizes": policy.batch_sizes, "server_calls": generation.vllm_client.calls}
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
+    # both ranks finish before the group goes: torn down at exit instead, gloo once aborted rank 1 ("terminate
+    # called without an active exception") after both had written their results
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 @pytest.mark.slow
