@@ -322,8 +322,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
             continue
         wanted = rng.choice(["min", "max"])
         pick = (min if wanted == "min" else max)(chains, key=lambda c: c["value"])
-        kinds = {e.attrs["kind"] for e in starts} if kind == "work" else {"company"}
-        noun = kinds.pop() if len(kinds) == 1 else "work"
+        forms = {e.attrs.get("kind") for e in starts}  # a work's form (album, film, …); none for a company
+        noun = forms.pop() if kind == "work" and len(forms) == 1 else kind
         role = _HOPS[kind][0]
         form = rng.choice(_BY_START[wanted])
         question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)

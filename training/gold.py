@@ -403,7 +403,7 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
         # a synthetic hybrid may ask for where each chain started ("Which album has the creator born first?"): the
         # first round names what each value belongs to, where each of its findings names the entity searched next.
         # Not a real one: the value read there is a passage's first date, often a birth where a death is asked.
-        aligned = q.source == "synthetic" and _chains_aligned(q.plan[0], q.plan[-1])
+        aligned = q.source == "synthetic" and _chains_aligned(q.plan)
         starts = [s["sub_question"] for s in q.plan[0]] if aligned else None
         verdict = (
             comparison_verdict(q.question, q.plan[-1], answer)
@@ -418,17 +418,17 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
     return turns
 
 
-def _chains_aligned(first: Sequence[dict[str, Any]], last: Sequence[dict[str, Any]]) -> bool:
-    """Two rounds of parallel chains in the same order: each first-round finding names the entity its chain's
-    last-round step searches (``Bo Lee`` → ``Bo Lee birth year``; a film's sentence naming its director → the
-    director's title)."""
-    if first is last or len(first) != len(last):
-        return False
-    for a, b in zip(first, last, strict=True):
-        found, searched = _normalised(a.get("finding") or ""), _normalised(b["sub_question"])
-        if not found or not (found in searched or searched in found):
-            return False
-    return True
+def _chains_aligned(plan: Sequence[Sequence[dict[str, Any]]]) -> bool:
+    """Parallel synthetic chains of two rounds in the same order: each first-round finding is the entity its
+    chain's last step searches (``Bo Lee`` → ``Bo Lee birth year``)."""
+    first, last = plan[0], plan[-1]
+    return (
+        len(plan) == 2
+        and len(first) == len(last)
+        and all(
+            a.get("finding") and b["sub_question"].startswith(a["finding"]) for a, b in zip(first, last, strict=True)
+        )
+    )
 
 
 _READ = ["I found {found}.", "The information says {found}.", "From the passages: {found}."]
