@@ -17,6 +17,7 @@ from ps_agent.synthetic import generate
 from training.gold import (
     GoldQuestion,
     TeacherPolicy,
+    asked_date,
     build_episodes,
     compare_two,
     comparison_verdict,
@@ -135,12 +136,56 @@ def test_a_synthetic_hybrid_asking_for_the_chains_start_names_the_start_in_its_v
     q = GoldQuestion("h", question, ["The Vorth Tide"], "hybrid", plan, "synthetic", "c")
     last = teacher_turns(q, "parallel", random.Random(0))[-1]
     assert "1957 vs 1985: after 19, 5 < 8, so 1957 is earlier. The earliest is 1957 (The Vorth Tide)." in last
-    # a real one reads a passage's first date, often a birth where a death is asked: no verdict from it
-    real = GoldQuestion("r", question, ["The Vorth Tide"], "bridge_comparison", plan, "2wikimultihopqa", "c")
-    assert "vs" not in teacher_turns(real, "parallel", random.Random(0))[-1]
-    plan[1].reverse()  # the people in the other order: which work a year belongs to is no longer known
+    plan[1].reverse()  # the people in the other order: each year still follows its chain back to its work
+    last = teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert "1985 vs 1957: after 19, 8 > 5, so 1957 is earlier. The earliest is 1957 (The Vorth Tide)." in last
+    plan[0][0]["finding"] = "Cy Doe"  # a chain that leads nowhere: which work a year belongs to is not known
     last = teacher_turns(q, "parallel", random.Random(0))[-1]
     assert "vs" not in last and "The Vorth Tide" in last
+
+
+def test_a_real_hybrid_compares_the_dates_the_question_asks_for_and_names_the_film():
+    question = "Which film has the director who died earlier, Blue Moon or Red Sun?"
+    rec = record("bridge_comparison", question, ["Blue Moon", "Jo Park", "Red Sun", "Al Kim"])
+    rec["golden_answers"] = ["Red Sun"]  # a film: written in the first round's passages, not in the directors'
+    passages = {
+        "id-Blue Moon": '"Blue Moon"\nBlue Moon is a 1950 film. It was directed by Jo Park.',
+        "id-Red Sun": '"Red Sun"\nRed Sun is a 1931 film directed by Al Kim and starring Bo Lee.',
+        "id-Jo Park": '"Jo Park"\nJo Park (3 May 1901 – 9 June 1970) was a director.',
+        "id-Al Kim": '"Al Kim"\nAl Kim( March 1, 1905 - 1962) was a director.',  # born later, died earlier
+    }
+    plan = plan_from_titles(rec, passages)
+    assert [s["finding"] for s in plan[1]] == ["9 June 1970", "1962"]
+    q = GoldQuestion("r", question, ["Red Sun"], "bridge_comparison", plan, "2wikimultihopqa", "c")
+    last = teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert "1970 vs 1962: after 19, 7 > 6, so 1962 is earlier. The earliest is 1962 (Red Sun)." in last
+    assert asked_date(passages["id-Jo Park"], "Which director was born first?") == "3 May 1901"
+    assert asked_date('"T"\nTo Li (born 1950) is a director.', "Who died first?") is None  # no death date read
+
+
+def test_real_hybrids_are_kept_when_the_answer_is_one_of_the_compared_entities(tmp_path):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    row = {"id": "q1", "question": "Which film has the director born first, Blue Moon or Red Sun?",
+           "golden_answers": ["Blue Moon"], "type": "bridge_comparison",
+           "supporting_titles": ["Blue Moon", "Jo Park", "Red Sun", "Al Kim"],
+           "supporting_doc_ids": ["p1", "p2", "p3", "p4"]}  # fmt: skip
+    corpus = [
+        {"id": "p1", "contents": '"Blue Moon"\nBlue Moon was directed by Jo Park.'},
+        {"id": "p2", "contents": '"Jo Park"\nJo Park (born 1901) is a director.'},
+        {"id": "p3", "contents": '"Red Sun"\nRed Sun was directed by Al Kim.'},
+        {"id": "p4", "contents": '"Al Kim"\nAl Kim (born 1905) is a director.'},
+    ]
+    (folder / "dev.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    assert split_part("q1") == "train"
+    gold = shared_questions("set", root=tmp_path)
+    assert [subs(q.plan) for q in gold.questions] == [[["Blue Moon", "Red Sun"], ["Jo Park", "Al Kim"]]]
+    row["golden_answers"] = ["Green Sky"]  # in none of them
+    (folder / "dev.jsonl").write_text(json.dumps(row) + "\n")
+    assert shared_questions("set", root=tmp_path).skipped == {
+        "set: the answer is not in the compared entities' passages": 1
+    }
 
 
 def test_each_value_is_compared_with_the_best_so_far_digit_by_digit():

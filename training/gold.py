@@ -198,7 +198,10 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED_DATA) -
             gold.skipped[f"{name}: a gold passage is missing from its corpus"] += 1
             continue
         plan = plan_from_titles(record, passages)
-        if isinstance(plan, list) and len(plan) > 1 and not _answer_in(record, passages, plan[-1]):
+        if isinstance(plan, list) and len(plan) > 1 and question_class(record["type"]) == "hybrid":
+            if not _answer_in(record, passages, plan[0]):  # which of the compared entities: one of the first round
+                plan = "the answer is not in the compared entities' passages"
+        elif isinstance(plan, list) and len(plan) > 1 and not _answer_in(record, passages, plan[-1]):
             plan = "the answer is not in the last hop's passages (hop order doubtful)"
         if isinstance(plan, str):
             gold.skipped[f"{name}: {plan}"] += 1
@@ -225,6 +228,9 @@ _TIME_WORDS = re.compile(
     r"released|published|died|opened|created|started|began|came out|longer|newer|recent|recently|before|after)\b",
     re.IGNORECASE,
 )
+_DEATH_WORDS = re.compile(r"\b(died|dies|die|death|passed away)\b", re.IGNORECASE)
+#: a passage's life span (or run) of two dates: ``(3 May 1901 – 9 June 1970)``, ``(1901-1970)``
+_RANGE_RE = re.compile(rf"({_DATE_RE.pattern})\s*[–—-]\s*({_DATE_RE.pattern})")
 _MAX_QUOTE_WORDS = 24
 
 
@@ -295,6 +301,16 @@ def first_date(contents: str) -> str | None:
     return found.group(0) if found else None
 
 
+def asked_date(contents: str, question: str) -> str | None:
+    """The date a comparison about time reads from a passage: for a question about deaths ("Who died first?"),
+    the second date of the passage's first range (``Jo Park (3 May 1901 – 9 June 1970)`` → ``9 June 1970``),
+    None without a range (a living person, or dates the passage does not pair); else its first date."""
+    if not _DEATH_WORDS.search(question):
+        return first_date(contents)
+    found = _RANGE_RE.search(_body(contents))
+    return found.group(2) if found else None
+
+
 def _normalised(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
 
@@ -316,7 +332,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 named = [name for name in following if _mentioned(name, _body(contents))]
                 step["finding"] = quote(contents, named[0] if named else None)
             elif len(steps) > 1:
-                date = first_date(contents) if about_time else None
+                date = asked_date(contents, record["question"]) if about_time else None
                 step["finding"] = date or quote_for(contents, record["question"], step["sub_question"])
                 step["value_read"] = date is not None
                 step["asked_sentence"] = date is None and step["finding"] != quote(contents)
@@ -400,11 +416,9 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
     answer = q.golden_answers[0]
     verdict = None
     if len(q.plan[-1]) > 1:
-        # a synthetic hybrid may ask for where each chain started ("Which album has the creator born first?"): the
-        # first round names what each value belongs to, where each of its findings names the entity searched next.
-        # Not a real one: the value read there is a passage's first date, often a birth where a death is asked.
-        aligned = q.source == "synthetic" and _chains_aligned(q.plan)
-        starts = [s["sub_question"] for s in q.plan[0]] if aligned else None
+        # a hybrid may ask for where each chain started ("Which film has the director born first?"): the first
+        # round names what each value belongs to, where each of its findings leads to the entity searched next
+        starts = _chain_starts(q.plan)
         verdict = (
             comparison_verdict(q.question, q.plan[-1], answer)
             or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
@@ -418,17 +432,25 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
     return turns
 
 
-def _chains_aligned(plan: Sequence[Sequence[dict[str, Any]]]) -> bool:
-    """Parallel synthetic chains of two rounds in the same order: each first-round finding is the entity its
-    chain's last step searches (``Bo Lee`` → ``Bo Lee birth year``)."""
-    first, last = plan[0], plan[-1]
-    return (
-        len(plan) == 2
-        and len(first) == len(last)
-        and all(
-            a.get("finding") and b["sub_question"].startswith(a["finding"]) for a, b in zip(first, last, strict=True)
-        )
-    )
+def _chain_starts(plan: Sequence[Sequence[dict[str, Any]]]) -> list[str] | None:
+    """Where each of a two-round plan's last steps started, in the last round's order, when each first-round
+    finding leads to exactly one of them: a synthetic finding is the entity the step searches (``Bo Lee`` →
+    ``Bo Lee birth year``), a real one the sentence naming it (``... directed by Jo Park`` → ``Jo Park``).
+    None when the chains cannot be followed that way."""
+    if len(plan) != 2 or len(plan[0]) != len(plan[1]):
+        return None
+    starts = []
+    for step in plan[1]:
+        plain = _plain_title(step["sub_question"])
+        leads = [
+            a["sub_question"]
+            for a in plan[0]
+            if a.get("finding") and (step["sub_question"].startswith(a["finding"]) or _mentioned(plain, a["finding"]))
+        ]
+        if len(leads) != 1:
+            return None
+        starts.append(leads[0])
+    return starts if len(set(starts)) == len(starts) else None
 
 
 _READ = ["I found {found}.", "The information says {found}.", "From the passages: {found}."]
