@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.graph import AgentError
-from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model, model_path
+from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
 from ps_agent.llms.vllm_server import VLLMServer
 from ps_agent.metrics import exact_match
 from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> Path:
         (args.out / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fresh))
         rows = read_jsonl(args.out / "questions.jsonl")
         settings = RolloutSettings(agent_config(args))  # how the agent runs; the policy is made below
-        model, tokenizer = load_adapter_model(args.policy, model_path("smollm2"))
+        model, tokenizer = load_adapter_model(args.policy)  # on the base its adapter records
         if args.backend == "hf":
             policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
             rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
