@@ -161,6 +161,7 @@ def test_a_real_hybrid_compares_the_dates_the_question_asks_for_and_names_the_fi
     assert "1970 vs 1962: after 19, 7 > 6, so 1962 is earlier. The earliest is 1962 (Red Sun)." in last
     assert asked_date(passages["id-Jo Park"], "Which director was born first?") == "3 May 1901"
     assert asked_date('"T"\nTo Li (born 1950) is a director.', "Who died first?") is None  # no death date read
+    assert asked_date('"Die Hard"\nDie Hard is a 1988 film.', "Which came out first, Die Hard or Jaws?") == "1988"
 
 
 def test_real_hybrids_are_kept_when_the_answer_is_one_of_the_compared_entities(tmp_path):

@@ -198,11 +198,15 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED_DATA) -
             gold.skipped[f"{name}: a gold passage is missing from its corpus"] += 1
             continue
         plan = plan_from_titles(record, passages)
-        if isinstance(plan, list) and len(plan) > 1 and question_class(record["type"]) == "hybrid":
-            if not _answer_in(record, passages, plan[0]):  # which of the compared entities: one of the first round
-                plan = "the answer is not in the compared entities' passages"
-        elif isinstance(plan, list) and len(plan) > 1 and not _answer_in(record, passages, plan[-1]):
-            plan = "the answer is not in the last hop's passages (hop order doubtful)"
+        if isinstance(plan, list) and len(plan) > 1:
+            # a bridge-comparison answers with one of the compared entities (its first round), a chain with its last hop
+            hybrid = question_class(record["type"]) == "hybrid"
+            if not _answer_in(record, passages, plan[0] if hybrid else plan[-1]):
+                plan = (
+                    "the answer is not in the compared entities' passages"
+                    if hybrid
+                    else "the answer is not in the last hop's passages (hop order doubtful)"
+                )
         if isinstance(plan, str):
             gold.skipped[f"{name}: {plan}"] += 1
             continue
@@ -228,7 +232,7 @@ _TIME_WORDS = re.compile(
     r"released|published|died|opened|created|started|began|came out|longer|newer|recent|recently|before|after)\b",
     re.IGNORECASE,
 )
-_DEATH_WORDS = re.compile(r"\b(died|dies|die|death|passed away)\b", re.IGNORECASE)
+_DEATH_WORDS = re.compile(r"\b(died|death|passed away)\b", re.IGNORECASE)  # not "die": "Die Hard" is a title
 #: a passage's life span (or run) of two dates: ``(3 May 1901 – 9 June 1970)``, ``(1901-1970)``
 _RANGE_RE = re.compile(rf"({_DATE_RE.pattern})\s*[–—-]\s*({_DATE_RE.pattern})")
 _MAX_QUOTE_WORDS = 24
