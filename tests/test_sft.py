@@ -98,7 +98,7 @@ def test_sft_goes_on_from_an_adapter_of_its_base_and_refuses_one_of_another(tiny
 
 
 def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
-    tiny_model, episodes_file, tmp_path, caplog
+    tiny_model, smollm2_path, episodes_file, tmp_path, caplog
 ):
     """Issue 27: ``--resume_from_checkpoint True`` never worked for run_sft.py, and a save cut off by a SIGTERM
     (no trainer_state.json yet) stopped the resume until someone deleted it by hand."""
@@ -112,6 +112,9 @@ def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
     assert f"skipping {torn}: {torn} holds no trainer_state.json" in caplog.text
+    other_base = rf"adapter of base model '.*{tiny_model.name}', but this run trains '.*{smollm2_path.name}'"
+    with pytest.raises(SystemExit, match=other_base):  # PEFT would load it, or fail on shapes, much later
+        main(sft_args(smollm2_path, path, out, "--max_steps", "4", "--resume_from_checkpoint", "True"))
     with pytest.raises(SystemExit, match=r"holds no complete checkpoint"):
         main(sft_args(tiny_model, path, tmp_path / "empty", "--max_steps", "3", "--resume_from_checkpoint", "True"))
 
@@ -209,7 +212,7 @@ def test_the_trained_positions_loss_equals_the_models_own_loss_and_gradient(tiny
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from training.run_sft import trained_positions_loss
+    from training.trained_positions import next_token_loss
 
     _, episodes = episodes_file
     rows = [sft_example(e) for e in episodes[:2]]
@@ -226,11 +229,11 @@ def test_the_trained_positions_loss_equals_the_models_own_loss_and_gradient(tiny
             model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
         full = model(**batch).loss
         (full_grad,) = torch.autograd.grad(full, [p for p in model.parameters() if p.requires_grad][:1])
-        ours = trained_positions_loss(model, batch)
+        ours = next_token_loss(model, batch)
         (our_grad,) = torch.autograd.grad(ours, [p for p in model.parameters() if p.requires_grad][:1])
         assert torch.allclose(ours, full, atol=1e-5), (wrap, ours.item(), full.item())
         assert torch.allclose(our_grad, full_grad, atol=1e-6)
-        assert trained_positions_loss(model, batch, num_items_in_batch=torch.tensor(1)) > ours  # a sum over 1 item
+        assert next_token_loss(model, batch, num_items_in_batch=torch.tensor(1)) > ours  # a sum over 1 item
 
 
 def poison_gradients(steps: set[int]):

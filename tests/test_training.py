@@ -747,10 +747,19 @@ def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_drop
     for step in (1, 2):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        adapter = {"base_model_name_or_path": "qwen2.5-coder-0.5b-instruct", "peft_type": "LORA"}
+        (tmp_path / f"checkpoint-{step}" / "adapter_config.json").write_text(json.dumps(adapter))
     log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
     for step in (0, 1, 2, 3):
         log.append({"step": step})
-    assert prepare_trajectory_logs(str(tmp_path), "True") == str(tmp_path / "checkpoint-2")
+    other_base = (
+        r"checkpoint-2 is an adapter of base model 'qwen2\.5-coder-0\.5b-instruct', but this run trains '.*smoll"
+    )
+    with pytest.raises(SystemExit, match=other_base):
+        prepare_trajectory_logs(str(tmp_path), "True", "/cache/smollm2-135m-instruct")
+    assert len(read_trajectories(tmp_path)) == 4  # refused before any logged rollout was dropped
+    same_base = "/cache/qwen2.5-coder-0.5b-instruct"
+    assert prepare_trajectory_logs(str(tmp_path), "True", same_base) == str(tmp_path / "checkpoint-2")
     assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
     with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
         prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))

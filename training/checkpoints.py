@@ -5,7 +5,9 @@ so a folder whose state file is missing or torn, or whose weights cannot be read
 SIGTERM, a full disk): it is skipped, with the reason logged, and the run resumes from the one before it.
 
 A resumed run skips the batches it has trained on by position, so it must read the same episodes: an SFT
-checkpoint records its episode file's sha256 (``EPISODES``), and a resume on other episodes is refused.
+checkpoint records its episode file's sha256 (``EPISODES``), and a resume on other episodes is refused. An
+adapter checkpoint records its base model, and a resume on another base is refused with both names (PEFT would
+fail later, on mismatched shapes, or not at all where the shapes agree).
 """
 
 from __future__ import annotations
@@ -70,30 +72,56 @@ def incomplete(folder: Path) -> str | None:
     return None
 
 
+def check_same_base(checkpoint: str | Path, base: str | Path) -> None:
+    """Refuse to resume the adapter ``checkpoint`` on a base model other than the one it records (compared by
+    folder name, as ``ps_agent.llms.adapter_base`` compares a shipped adapter's); a full-model checkpoint, which
+    records no adapter base, passes."""
+    config = Path(checkpoint) / "adapter_config.json"
+    if not config.is_file():
+        return
+    recorded = json.loads(config.read_text()).get("base_model_name_or_path")
+    if recorded and Path(recorded).name != Path(base).name:
+        raise SystemExit(
+            f"{checkpoint} is an adapter of base model {recorded!r}, but this run trains {str(base)!r}: resume "
+            "it with the --model_name_or_path it was trained on, or start afresh in another --output_dir"
+        )
+
+
 def checkpoints(output_dir: str | Path) -> list[Path]:
     """``OUTPUT_DIR/checkpoint-N`` folders, newest first."""
     folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and _STEP.match(p.name)]
     return sorted(folders, key=lambda p: int(_STEP.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
 
 
-def resume_checkpoint(output_dir: str | Path, resume_from_checkpoint: str | bool | None) -> str | None:
+def resume_checkpoint(
+    output_dir: str | Path, resume_from_checkpoint: str | bool | None, base: str | Path | None = None
+) -> str | None:
     """The checkpoint to hand ``Trainer.train``: None for a fresh run, a named folder once checked, or for
-    ``True`` the newest complete one in ``output_dir`` (each newer incomplete one skipped with its reason)."""
+    ``True`` the newest complete one in ``output_dir`` (each newer incomplete one skipped with its reason); with
+    ``base``, an adapter checkpoint of another base model is refused."""
     value = resume_from_checkpoint
     if value in (None, False, "", "False", "false", "None"):
         return None
     if value not in (True, "True", "true"):
-        folder = Path(str(value))
-        problem = incomplete(folder)
+        chosen = Path(str(value))
+        problem = incomplete(chosen)
         if problem:
-            raise SystemExit(f"--resume_from_checkpoint {folder}: {problem}; expected a whole OUTPUT_DIR/checkpoint-N")
-        return str(folder)
-    for folder in checkpoints(output_dir):
-        problem = incomplete(folder)
-        if problem is None:
-            return str(folder)
+            raise SystemExit(f"--resume_from_checkpoint {chosen}: {problem}; expected a whole OUTPUT_DIR/checkpoint-N")
+    else:
+        chosen = next((folder for folder in checkpoints(output_dir) if _whole(folder)), None)
+        if chosen is None:
+            raise SystemExit(
+                f"--resume_from_checkpoint True: {output_dir} holds no complete checkpoint (checkpoint-N with its "
+                "weights and trainer_state.json); run without it to start afresh"
+            )
+    if base is not None:
+        check_same_base(chosen, base)
+    return str(chosen)
+
+
+def _whole(folder: Path) -> bool:
+    """Whether ``folder`` is a whole checkpoint; an incomplete one is logged with its reason."""
+    problem = incomplete(folder)
+    if problem:
         logger.warning("skipping %s: %s", folder, problem)
-    raise SystemExit(
-        f"--resume_from_checkpoint True: {output_dir} holds no complete checkpoint (checkpoint-N with its weights "
-        "and trainer_state.json); run without it to start afresh"
-    )
+    return problem is None

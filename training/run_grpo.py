@@ -38,6 +38,7 @@ from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
+from training.trained_positions import grpo_trainer_class
 
 logger = logging.getLogger("run_grpo")
 
@@ -114,6 +115,14 @@ class ParallelSearchArguments(AgentArguments):
     lora_r: int = 16
     lora_alpha: int = 32
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    lm_head: str = field(
+        default="scored",
+        metadata={
+            "help": "scored (the loss projects through the LM head only the tokens the model sampled) or trl "
+            "(TRL's fused head, which on a CPU projects every position); benchmarks/grpo_backends.py compares them",
+            "choices": ["scored", "trl"],
+        },
+    )
 
 
 def class_fractions(rows: list[dict]) -> dict[str, float]:
@@ -143,11 +152,14 @@ def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0
     return alpha
 
 
-def prepare_trajectory_logs(output_dir: str, resume_from_checkpoint: str | bool | None) -> str | None:
+def prepare_trajectory_logs(
+    output_dir: str, resume_from_checkpoint: str | bool | None, base: str | Path | None = None
+) -> str | None:
     """Each step's rollouts are logged once: a resumed run drops the logged rollouts of the steps it redoes;
     a fresh run moves an earlier run's logs into ``previous-N/``. Returns the checkpoint to resume from
-    (``True`` resolved to the newest one)."""
-    resume = resume_checkpoint(output_dir, resume_from_checkpoint)
+    (``True`` resolved to the newest one), refused before any log is touched when it is an adapter of another
+    ``base`` model."""
+    resume = resume_checkpoint(output_dir, resume_from_checkpoint, base)
     if resume is None:
         kept = keep_previous_logs(output_dir)
         if kept:
@@ -237,7 +249,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
-    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint)
+    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint, path)
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
         stack.enter_context(sigterm_unwinds())
         server = None
@@ -267,7 +279,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
                 target_modules=args.lora_target_modules.split(","),
                 task_type="CAUSAL_LM",
             )
-        trainer = GRPOTrainer(
+        trainer_class = grpo_trainer_class() if args.lm_head == "scored" else GRPOTrainer
+        trainer = trainer_class(
             model=model,
             reward_funcs=reward_functions(weights),
             args=config,

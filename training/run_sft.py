@@ -37,6 +37,7 @@ from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.checkpoints import EPISODES, check_same_episodes, episodes_record, resume_checkpoint
 from training.gold import sft_example
 from training.precision import device_defaults, skip_nonfinite_steps
+from training.trained_positions import next_token_loss
 
 logger = logging.getLogger("run_sft")
 
@@ -168,6 +169,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             "build the episodes with the same --max-length (training/gold.py) or raise max_length"
         )
     logger.info("%d episodes, %d tokens, %d trained", len(rows), *_token_counts(rows))
+    episodes = episodes_record(args.episodes)
+    resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint, path)  # refused before loading
+    if resume:
+        check_same_episodes(resume, episodes)
     peft_config = None
     if args.init_adapter:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
@@ -186,7 +191,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     if args.loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
     trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
-    episodes = episodes_record(args.episodes)
     trainer = trainer_class(
         model=model,
         args=config,
@@ -195,9 +199,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         peft_config=peft_config,
         callbacks=[*(callbacks or []), _episodes_callback(episodes), skip_nonfinite_steps()],
     )
-    resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint)
-    if resume:
-        check_same_episodes(resume, episodes)
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
     final = Path(config.output_dir) / "final"
@@ -242,24 +243,9 @@ def _own_loss_trainer(loss: str):
             # the decoder is called past the model's forward, which Accelerate wraps in the run's autocast:
             # without this, bf16 runs trained this loss in float32 (half the speed of the full loss on a CPU)
             with self.accelerator.autocast():
-                return trained_positions_loss(model, inputs, num_items_in_batch)
+                return next_token_loss(model, inputs, num_items_in_batch)
 
     return OwnLossSFTTrainer
-
-
-def trained_positions_loss(model, inputs: dict, num_items_in_batch=None):
-    """Next-token cross-entropy over the labelled positions only: the decoder's hidden states there, through
-    the LM head. Equal to the model's own loss over full logits (tests/test_train.py checks it)."""
-    import torch
-
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = causal.model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).last_hidden_state
-    targets = inputs["labels"][:, 1:]
-    trained = targets != -100
-    logits = causal.lm_head(hidden[:, :-1][trained]).float()
-    total = torch.nn.functional.cross_entropy(logits, targets[trained], reduction="sum")
-    count = num_items_in_batch if num_items_in_batch is not None else trained.sum()
-    return total / count
 
 
 def save_adapter(model, out: Path, dtype, base: str) -> None:

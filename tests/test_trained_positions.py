@@ -1,0 +1,100 @@
+"""GRPO's log-probabilities through the LM head on the sampled tokens only: equal to TRL's fused head where the
+loss reads them, and in a real GRPO step through TRL the head projects exactly those tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from training.trained_positions import token_logps_and_entropies
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def lora_model(path, temperature: float):
+    """The tiny model with TRL's fused LM head added (as GRPOTrainer adds it) under a LoRA adapter whose weights
+    are not zero, so its gradients are compared too."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
+    return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+
+
+def test_log_probs_entropies_and_gradients_equal_trls_fused_head_where_scored_and_zero_elsewhere(tiny_model):
+    temperature = 0.7
+    model = lora_model(tiny_model, temperature)
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(5, 1000, (2, 6), generator=generator)
+    completion = torch.randint(5, 1000, (2, 9), generator=generator)
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])  # the first prompt left-padded
+    completion_mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])  # the second completion right-padded
+    tool_mask = torch.tensor([[1, 1, 0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 1, 1, 1, 1]])  # observations: 0
+    scored = completion_mask * tool_mask
+    input_ids = torch.cat([prompt, completion], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, : prompt.size(1)] = -100
+    trl = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    trl_logps, trl_entropy = trl.log_probs[:, -9:], trl.entropy[:, -9:]
+    logps, entropies = token_logps_and_entropies(model, input_ids, attention_mask, scored, temperature)
+
+    where = scored.bool()
+    assert torch.allclose(logps[where], trl_logps[where], atol=1e-5)
+    assert torch.allclose(entropies[where], trl_entropy[where], atol=1e-5)
+    assert not logps[~where].any() and not entropies[~where].any()
+    assert not entropies.requires_grad  # logged only, unless an entropy bonus needs its gradient
+
+    lora = [p for p in model.parameters() if p.requires_grad]
+    ours = torch.autograd.grad(-(logps * scored).sum(), lora)
+    theirs = torch.autograd.grad(-(trl_logps * scored).sum(), lora)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+    _, with_grad = token_logps_and_entropies(model, input_ids, attention_mask, scored, temperature, entropy_grad=True)
+    assert with_grad.requires_grad and torch.allclose(with_grad, entropies)
+
+
+@pytest.mark.parametrize("lm_head", ["scored", "trl"])
+def test_a_real_grpo_step_projects_exactly_the_sampled_tokens_through_the_lm_head(
+    tiny_model, tmp_path, monkeypatch, lm_head
+):
+    """run_grpo.main on the tiny model: in the loss, the LM head module sees one row per token the model sampled
+    (completion_mask × tool_mask: not the prompt, the observations or the padding); TRL's fused head reads the
+    head's weight directly and projects every position, so with ``--lm_head trl`` the module sees none."""
+    from trl import GRPOTrainer
+
+    from training.run_grpo import main
+
+    projected, sampled, observed = [], [], []
+    compute_loss = GRPOTrainer.compute_loss
+
+    def counting_compute_loss(self, model, inputs, *args, **kwargs):
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        sampled.append(int(mask.sum()))
+        observed.append(int((inputs["completion_mask"] * (1 - inputs["tool_mask"])).sum()))
+        head = model.get_output_embeddings()
+        hook = head.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
+        try:
+            return compute_loss(self, model, inputs, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", counting_compute_loss)
+    data = tmp_path / "questions.jsonl"
+    question = {"question": "Which is taller, Mount Everest or K2?", "golden_answers": ["Mount Everest"],
+                "type": "comparison"}  # fmt: skip
+    data.write_text(json.dumps(question) + "\n")
+    flags = ["--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
+             "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "2", "--max_turns", "2",
+             "--max_new_tokens", "12", "--topk", "1", "--report_to", "none", "--lm_head", lm_head]  # fmt: skip
+    main(flags)
+    assert sampled and sum(observed) > 0, "no observation in the rollouts: the tool mask would go untested"
+    assert sum(projected) == (sum(sampled) if lm_head == "scored" else 0)

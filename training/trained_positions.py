@@ -1,0 +1,130 @@
+"""The LM head only where training reads it: the model's own tokens, never the prompt, the ``<information>``
+passages or the padding.
+
+A decoder's LM head projects each position onto the whole vocabulary (151,936 tokens for Qwen2.5), and the model's
+own turns are a small part of an episode. SFT's loss and GRPO's log-probabilities run the decoder once, then the
+LM head on the scored positions only. TRL's fused LM head does this too, but only on a Triton device: on a CPU it
+projects every position (``trl.trainer.utils.add_fused_lm_head``). benchmarks/sft_speed.py and
+benchmarks/grpo_backends.py measure both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: config fields that change a model's logits after the LM head; a model with any of them keeps TRL's head
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                     "logits_scaling")  # fmt: skip
+
+
+def causal_lm(model: Any) -> Any:
+    """The causal LM under a PEFT wrapper (its LoRA layers in place), or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def plain_lm_head(model: Any) -> bool:
+    """Whether ``model``'s logits are its LM head's output as they are (no soft-capping or scaling)."""
+    config = causal_lm(model).config.get_text_config()
+    return all(getattr(config, name, None) is None for name in _LOGIT_TRANSFORMS)
+
+
+def scored_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, scored: torch.Tensor):
+    """The logits that predict each scored token, one row per ``True`` of ``scored``: the decoder over the
+    whole sequence, then the LM head on the hidden states just before the scored positions only.
+
+    ``scored`` is a bool ``(batch, width)`` mask of the last ``width`` positions of ``input_ids`` (a GRPO
+    completion; for SFT, the whole sequence less the first token)."""
+    causal = causal_lm(model)
+    hidden = causal.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    width = scored.size(1)
+    before = hidden[:, -width - 1 : -1]  # position t's hidden state predicts token t + 1
+    return causal.get_output_embeddings()(before[scored])
+
+
+def next_token_loss(model: Any, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
+    """SFT's cross-entropy over the labelled positions only (``labels`` −100 elsewhere). Equal to the model's own
+    loss over full logits (tests/test_sft.py checks it)."""
+    targets = inputs["labels"][:, 1:]
+    trained = targets != -100
+    logits = scored_logits(model, inputs["input_ids"], inputs.get("attention_mask"), trained).float()
+    total = torch.nn.functional.cross_entropy(logits, targets[trained], reduction="sum")
+    return total / (num_items_in_batch if num_items_in_batch is not None else trained.sum())
+
+
+def token_logps_and_entropies(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scored: torch.Tensor,
+    temperature: float,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO's per-token log-probabilities of the completion (the last ``scored.size(1)`` tokens of ``input_ids``)
+    at ``temperature``, and their entropies: ``(batch, width)`` each, computed where ``scored`` is true and 0
+    elsewhere. The entropies carry a gradient only with ``entropy_grad`` (an entropy bonus in the loss); TRL
+    otherwise only logs them and masks by them."""
+    scored = scored.bool()
+    targets = input_ids[:, -scored.size(1) :][scored]
+    logps = scored_logits(model, input_ids, attention_mask, scored).float().div(temperature).log_softmax(-1)
+    token_logps = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropies = -(logps.exp() * logps).sum(-1)
+    zeros = torch.zeros(scored.shape, dtype=token_logps.dtype, device=token_logps.device)
+    # masked_scatter keeps a batch with no scored token connected to the graph: its loss is a differentiable 0
+    return zeros.masked_scatter(scored, token_logps), zeros.masked_scatter(scored, entropies)
+
+
+def grpo_trainer_class():
+    """``GRPOTrainer`` whose loss reads log-probabilities from :func:`token_logps_and_entropies` on the positions
+    TRL's own loss keeps (``completion_mask × tool_mask``: the sampled tokens, not the observations or padding).
+
+    TRL's own computation still runs wherever these would not match it: log-probs without a loss mask (the
+    reference or old policy's), vision inputs, MoE auxiliary losses, ``cast_lm_head_to_fp32``, a model whose
+    logits are scaled or capped, and several processes (the decoder is called past DDP's wrapper)."""
+    from trl import GRPOTrainer
+
+    class ScoredPositionsGRPOTrainer(GRPOTrainer):
+        _scored: torch.Tensor | None = None
+
+        def _compute_loss(self, model, inputs):
+            mask = inputs["completion_mask"]
+            self._scored = mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._scored = None
+
+        def _get_per_token_logps_and_entropies(
+            self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+            compute_aux_loss=False, **vision,
+        ):  # fmt: skip
+            ours = (
+                self._scored is not None
+                and self._scored.size(1) == logits_to_keep
+                and not compute_aux_loss
+                and all(value is None for value in vision.values())
+                and not self.args.cast_lm_head_to_fp32
+                and self.accelerator.num_processes == 1
+                and plain_lm_head(model)
+            )
+            if not ours:
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                    **vision,
+                )  # fmt: skip
+            size, scored, chunks = batch_size or input_ids.size(0), self._scored, []
+            for start in range(0, input_ids.size(0), size):
+                rows = slice(start, start + size)
+                with self.accelerator.autocast():
+                    chunk = token_logps_and_entropies(
+                        model, input_ids[rows], attention_mask[rows], scored[rows], self.temperature,
+                        entropy_grad=self._entropy_bonus_enabled,
+                    )  # fmt: skip
+                chunks.append(chunk)
+            logps = torch.cat([c[0] for c in chunks])
+            entropies = torch.cat([c[1] for c in chunks]) if compute_entropy else None
+            return logps, entropies, None
+
+    return ScoredPositionsGRPOTrainer
