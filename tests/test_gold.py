@@ -15,6 +15,8 @@ from ps_agent.protocol import is_well_formed_turn, parse_action
 from ps_agent.questions import split_part
 from ps_agent.synthetic import generate
 from training.gold import (
+    WORLD_ENTITIES,
+    WORLD_PER_FAMILY,
     GoldQuestion,
     TeacherPolicy,
     asked_date,
@@ -25,6 +27,7 @@ from training.gold import (
     first_date,
     plan_from_titles,
     quote,
+    restore_corpora,
     sft_example,
     shared_questions,
     teacher_turns,
@@ -339,6 +342,25 @@ def test_a_corpus_with_a_decoy_under_a_gold_id_is_refused_naming_both_lines(tmp_
     (folder / "corpus.jsonl").write_text(json.dumps(corpus[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"corpus\.jsonl:2: not a corpus line"):
         shared_questions("set", root=tmp_path)
+
+
+def test_a_training_mix_whose_synthetic_world_is_gone_gets_it_back_and_any_other_missing_corpus_is_refused(tmp_path):
+    """Issue 26: a GRPO resume on a fresh checkout failed mid-step; the mix names a world that is not committed."""
+    _, questions = generate(104, WORLD_ENTITIES, tmp_path / "made", per_family=WORLD_PER_FAMILY)
+    asked = [json.loads(line) for line in questions.read_text().splitlines()][:3]
+    corpus = tmp_path / "gone" / "synth-104" / "corpus.jsonl"
+    rows = [{"id": q["id"], "question": q["question"], "corpus": str(corpus)} for q in asked]
+    restore_corpora(rows)
+    assert corpus.read_bytes() == (tmp_path / "made" / "corpus.jsonl").read_bytes()
+
+    corpus.unlink()
+    stranger = {"id": "s1", "question": "Which city is larger, Paris or Berlin?", "corpus": str(corpus)}
+    with pytest.raises(ValueError, match=r"seed 104 .* 1 of the rows naming it are not its questions \(first: 's1'\)"):
+        restore_corpora([*rows, stranger])
+
+    elsewhere = {"id": "h1", "question": "Who directed Blue Moon?", "corpus": str(tmp_path / "hotpotqa.jsonl")}
+    with pytest.raises(FileNotFoundError, match=r"\(first: 'h1'\) name the corpus .*hotpotqa\.jsonl, which is missing"):
+        restore_corpora([elsewhere])
 
 
 def test_the_train_and_validation_parts_are_stable_and_disjoint():

@@ -76,6 +76,43 @@ class GoldSet:
 # --- plans --------------------------------------------------------------------------------------
 
 
+#: The synthetic train worlds' sizes (``gold_questions``): a world's corpus is rebuilt from its seed and these.
+WORLD_ENTITIES, WORLD_PER_FAMILY = 400, 6
+
+
+def restore_corpora(rows: Sequence[dict[str, Any]]) -> None:
+    """Check that every ``corpus`` the question rows name exists, before any model loads.
+
+    A missing synthetic world (``.../synth-SEED/corpus.jsonl``, written by ``gold_questions`` and not committed) is
+    generated again from its seed, and each row's question must be one of its questions; any other missing corpus
+    is refused with the rows that name it."""
+    by_corpus: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("corpus"):
+            by_corpus.setdefault(str(row["corpus"]), []).append(row)
+    for corpus, named in by_corpus.items():
+        path = Path(corpus)
+        if path.is_file():
+            continue
+        world = re.fullmatch(r"synth-(\d+)", path.parent.name)
+        if path.name != "corpus.jsonl" or world is None:
+            raise FileNotFoundError(
+                f"{len(named)} question row(s) (first: {named[0].get('id')!r}) name the corpus {corpus}, which is "
+                "missing: expected a jsonl file of {'id', 'contents'} lines (rebuild it, or fix the rows' 'corpus')"
+            )
+        seed = int(world.group(1))
+        _, questions_path = generate(seed, WORLD_ENTITIES, path.parent, per_family=WORLD_PER_FAMILY)
+        known = {json.loads(line)["question"] for line in questions_path.read_text().splitlines()}
+        strangers = [row.get("id") for row in named if row["question"] not in known]
+        if strangers:
+            raise ValueError(
+                f"rebuilt the synthetic world of seed {seed} ({WORLD_ENTITIES} entities) at {path.parent}, but "
+                f"{len(strangers)} of the rows naming it are not its questions (first: {strangers[0]!r}): "
+                "their world was generated with other sizes"
+            )
+        logger.info("rebuilt the synthetic world of seed %d at %s (it is generated, not committed)", seed, path.parent)
+
+
 def synthetic_questions(seeds: Sequence[int], entities: int, per_family: int, out: Path) -> GoldSet:
     """Every family of the synthetic worlds of ``seeds`` (written under ``out``)."""
     gold = GoldSet()
@@ -777,7 +814,8 @@ async def _run(agent: ParallelSearchAgent, questions: list[str], concurrency: in
 
 
 def gold_questions(
-    seeds: Sequence[int] = TRAIN_SEEDS, entities: int = 400, per_family: int = 6, shared: Sequence[str] = SHARED_SETS,
+    seeds: Sequence[int] = TRAIN_SEEDS, entities: int = WORLD_ENTITIES, per_family: int = WORLD_PER_FAMILY,
+    shared: Sequence[str] = SHARED_SETS,
     work_dir: Path = Path("runs/gold"),
 ) -> GoldSet:  # fmt: skip
     """The training questions: synthetic worlds of ``seeds`` and the train parts of the ``shared`` sets."""
@@ -795,8 +833,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=None, help="episodes jsonl (default runs/gold/MODE.jsonl)")
     parser.add_argument("--model", default="smollm2", help="the tokenizer's model: smollm2 or a model folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(TRAIN_SEEDS))
-    parser.add_argument("--entities", type=int, default=400)
-    parser.add_argument("--per-family", type=int, default=6)
+    parser.add_argument("--entities", type=int, default=WORLD_ENTITIES)
+    parser.add_argument("--per-family", type=int, default=WORLD_PER_FAMILY)
     parser.add_argument("--shared", nargs="*", default=list(SHARED_SETS), help="shared sets whose train part to use")
     parser.add_argument("--max-length", type=int, default=896)
     parser.add_argument(

@@ -36,6 +36,7 @@ from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, agent_config
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
+from training.gold import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
 from training.trained_positions import grpo_trainer_class
@@ -248,6 +249,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
+    restore_corpora(rows)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
     resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint, path)
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
