@@ -10,13 +10,17 @@ backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no g
 it on for GRPO), ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
 AVX512-BF16, where run_grpo.py picks it anyway), ``+fp32`` (float32 where it would pick bf16) and
 ``+trl-head`` (TRL's fused LM head, which on a CPU projects every position, for run_grpo.py's own on the sampled
-tokens); the vllm-cpu server is float32 either way. A step is timed from the trainer's step begin to its end
-(rollouts, rewards, forward and backward, optimizer); the first step is reported apart (the vllm-cpu server's
-start is outside every step and reported on its own). Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``:
-sampled tokens per second of rollout time. Memory is the trainer process's peak RSS (the server's is apart).
-Speed-ups are against the first variant. A step's rollouts (questions x generations) are trained in micro-batches of
-``--micro-batch`` episodes (default: all at once). A variant whose process dies (the kernel's OOM killer: without
-gradient checkpointing 8 episodes at once took over 20 GB here) is reported as such and the others still run.
+tokens), ``+no-trim`` (each micro-batch at the width of the step's longest episode, as TRL pads it, where
+run_grpo.py cuts it to its own: ``training.trained_positions.trim_padding``) and ``+mb1`` (one episode a
+micro-batch, instead of ``--micro-batch``); the vllm-cpu server is float32 either way. A step is timed from the
+trainer's step begin to its end (rollouts, rewards, forward and backward, optimizer); the first step is reported
+apart (the vllm-cpu server's start is outside every step and reported on its own). The loss's decoder positions
+are every position its forward passes ran over, padding included, beside the real tokens among them. Rollout
+speed is TRL's logged ``rollout/kept_tokens_per_s``: sampled tokens per second of rollout time. Memory is the
+trainer process's peak RSS (the server's is apart). Speed-ups are against the first variant. A step's rollouts
+(questions x generations) are trained in micro-batches of ``--micro-batch`` episodes (default: all at once). A
+variant whose process dies (the kernel's OOM killer: without gradient checkpointing 8 episodes at once took over
+20 GB here) is reported as such and the others still run.
 Writes ``benchmarks/results/NAME.{json,md}``.
 """
 
@@ -51,6 +55,8 @@ MODIFIERS = {
     "bf16": ["--bf16", "true"],
     "fp32": ["--bf16", "false"],
     "trl-head": ["--lm_head", "trl"],
+    "no-trim": [],  # in run(): each micro-batch at the generation batch's width, as TRL hands it
+    "mb1": [],  # in run(): one episode a micro-batch
 }
 
 
@@ -81,12 +87,27 @@ def variant_flags(variant: str) -> list[str]:
 
 
 def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
+    from training import trained_positions
+
     timer = StepTimer()
+    modifiers = variant.split("+")[1:]
+    if "no-trim" in modifiers:  # this variant's own process: the trainer keeps TRL's padding
+        trained_positions.trim_padding = lambda inputs: inputs
+    decoded = {"positions": 0, "tokens": 0}  # what the loss's decoder ran over: every position, and the real ones
+    scored_logits = trained_positions.scored_logits
+
+    def counting_scored_logits(model, input_ids, attention_mask, scored):
+        decoded["positions"] += input_ids.numel()
+        decoded["tokens"] += int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
+        return scored_logits(model, input_ids, attention_mask, scored)
+
+    trained_positions.scored_logits = counting_scored_logits
+    micro_batch = 1 if "mb1" in modifiers else args.micro_batch
     flags = ["--output_dir", str(out), "--data", str(data), "--corpus", str(corpus), *variant_flags(variant),
              "--model_name_or_path", args.base, "--init_adapter", str(policies_dir() / f"{args.base}-parallelsearch"),
              "--max_steps", str(args.steps),
-             "--num_generations", str(args.num_generations), "--per_device_train_batch_size", str(args.micro_batch),
-             "--gradient_accumulation_steps", str(args.questions * args.num_generations // args.micro_batch),
+             "--num_generations", str(args.num_generations), "--per_device_train_batch_size", str(micro_batch),
+             "--gradient_accumulation_steps", str(args.questions * args.num_generations // micro_batch),
              "--max_turns", "4", "--topk", "3", "--max_new_tokens", str(args.max_new_tokens),
              "--temperature", "1.0", "--save_steps", str(args.steps), "--report_to", "none", "--seed", "0"]  # fmt: skip
     started = time.monotonic()
@@ -103,6 +124,8 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
         "model_tokens": [e.get("completions/mean_length") for e in logged],  # TRL counts the sampled tokens only
         "rollout_tokens_per_s": [e["rollout/kept_tokens_per_s"] for e in logged],
         "reward": [e.get("reward") for e in logged],
+        "decoder_positions": decoded["positions"],  # over every step; none with +trl-head (TRL's own path)
+        "decoder_real_tokens": decoded["tokens"],
         "trainer_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
 
@@ -170,12 +193,12 @@ def main() -> None:
         "",
         "| variant | setup s | first step s | step s (median after the first) | steps/hour | step speed-up "
         "| rollout s per step | rollout speed-up | rollout tokens/s | trainer s per step (step less rollouts) "
-        "| model tokens an episode | trainer peak RSS GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model tokens an episode | loss decoder positions (real tokens) | trainer peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, r in results.items():
         if "died" in r:
-            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 10)
+            lines.append(f"| {variant} | died: {r['died']} |" + " |" * 11)
             continue
         lines.append(
             f"| {variant} | {r['setup_s']:.0f} | {r['first_step_s']:.0f} | {r['step_s']:.0f} | "
@@ -183,7 +206,7 @@ def main() -> None:
             f"{speedup(r, 'step_speedup')} | {', '.join(f'{s:.0f}' for s in r['rollout_s'])} | "
             f"{speedup(r, 'rollout_speedup')} | {', '.join(f'{t:.0f}' for t in r['rollout_tokens_per_s'])} | "
             f"{', '.join(f'{t:.0f}' for t in r['trainer_s'])} | {', '.join(f'{t:.0f}' for t in r['model_tokens'])} | "
-            f"{r['trainer_peak_rss_gib']:.1f} |"
+            f"{r.get('decoder_positions', 0)} ({r.get('decoder_real_tokens', 0)}) | {r['trainer_peak_rss_gib']:.1f} |"
         )
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,5 +1,6 @@
 """GRPO's log-probabilities through the LM head on the sampled tokens only: equal to TRL's fused head where the
-loss reads them, and in a real GRPO step through TRL the head projects exactly those tokens."""
+loss reads them, and in a real GRPO step through TRL the head projects exactly those tokens; and the decoder
+runs over each micro-batch at its own width, not the step's longest episode."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import pytest
 import torch
 
-from training.trained_positions import token_logps_and_entropies
+from training.trained_positions import token_logps_and_entropies, trim_padding
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -98,3 +99,82 @@ def test_a_real_grpo_step_projects_exactly_the_sampled_tokens_through_the_lm_hea
     main(flags)
     assert sampled and sum(observed) > 0, "no observation in the rollouts: the tool mask would go untested"
     assert sum(projected) == (sum(sampled) if lm_head == "scored" else 0)
+
+
+def test_trim_padding_drops_the_columns_that_are_padding_in_every_row_and_leaves_the_log_probs_as_they_were(
+    tiny_model,
+):
+    """A micro-batch cut from a wider generation batch: two prompts left-padded to a longer one's width, two
+    completions right-padded to a longer one's. Trimmed, each per-token input loses exactly those columns, the
+    per-episode ones are kept, and the scored log-probabilities are the untrimmed ones."""
+    model = lora_model(tiny_model, 1.0)
+    generator = torch.Generator().manual_seed(2)
+    prompt_mask = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])  # 2 columns no row reaches
+    completion_mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]])  # 3 such columns
+    inputs = {
+        "prompt_ids": torch.randint(5, 1000, (2, 6), generator=generator) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(5, 1000, (2, 7), generator=generator) * completion_mask,
+        "completion_mask": completion_mask,
+        "tool_mask": torch.tensor([[1, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]]),
+        "old_per_token_logps": torch.randn(2, 7, generator=generator),
+        "advantages": torch.tensor([0.5, -0.5]),
+        "num_items_in_batch": torch.tensor(6.0),
+    }
+    trimmed = trim_padding(inputs)
+
+    assert trimmed["prompt_ids"].shape == trimmed["prompt_mask"].shape == (2, 4)
+    assert all(trimmed[k].shape == (2, 4) for k in ("completion_ids", "completion_mask", "tool_mask",
+                                                    "old_per_token_logps"))  # fmt: skip
+    assert torch.equal(trimmed["prompt_ids"], inputs["prompt_ids"][:, 2:])
+    assert torch.equal(trimmed["old_per_token_logps"], inputs["old_per_token_logps"][:, :4])
+    assert all(trimmed[k] is inputs[k] for k in ("advantages", "num_items_in_batch"))  # one value an episode or step
+
+    def scored_logps(batch):
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        scored = batch["completion_mask"] * batch["tool_mask"]
+        logps, _ = token_logps_and_entropies(model, ids, attention, scored, 1.0)
+        return logps[scored.bool()]
+
+    assert torch.allclose(scored_logps(trimmed), scored_logps(inputs), atol=1e-5)
+
+
+def test_a_real_grpo_step_runs_the_decoder_over_each_episode_at_its_own_length(tiny_model, tmp_path, monkeypatch):
+    """run_grpo.main with one episode a micro-batch, on two questions of different lengths: TRL pads the step's
+    four episodes to its longest prompt and episode, and the decoder sees each at its own length."""
+    from trl import GRPOTrainer
+
+    from training.run_grpo import main
+
+    seen, own, padded = [], [], []
+    compute_loss = GRPOTrainer.compute_loss
+
+    def measuring_compute_loss(self, model, inputs, *args, **kwargs):
+        own.append(int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()))
+        padded.append(inputs["prompt_mask"].size(1) + inputs["completion_mask"].size(1))
+        embed = model.get_input_embeddings()
+        hook = embed.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+        try:
+            return compute_loss(self, model, inputs, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", measuring_compute_loss)
+    data = tmp_path / "questions.jsonl"
+    questions = [
+        {"question": "Which is taller, Mount Everest or K2?", "golden_answers": ["Mount Everest"],
+         "type": "comparison"},
+        {"question": "Of the two mountains named Mount Everest, on the border of Nepal and China, and K2, on the "
+         "border of Pakistan and China, which one is the taller?", "golden_answers": ["Mount Everest"],
+         "type": "comparison"},
+    ]  # fmt: skip
+    data.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    flags = ["--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
+             "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "1",
+             "--gradient_accumulation_steps", "4", "--max_turns", "2", "--max_new_tokens", "12", "--topk", "1",
+             "--report_to", "none"]  # fmt: skip
+    main(flags)
+    assert len(own) == 4 and len(set(own)) > 1, f"episodes of {own} tokens: the trimming goes untested"
+    assert seen == own
+    assert min(padded) == max(padded) > min(own)  # TRL handed each episode at the step's widest

@@ -6,6 +6,12 @@ own turns are a small part of an episode. SFT's loss and GRPO's log-probabilitie
 LM head on the scored positions only. TRL's fused LM head does this too, but only on a Triton device: on a CPU it
 projects every position (``trl.trainer.utils.add_fused_lm_head``). benchmarks/sft_speed.py and
 benchmarks/grpo_backends.py measure both.
+
+Nor does the decoder run over padding. TRL pads a step's whole generation batch to its longest prompt and its
+longest episode before cutting it into micro-batches, and an agent's episodes differ by whole search rounds of
+passages: a one-round episode was trained at the width of the step's longest. Each micro-batch is cut to its
+own width first (``trim_padding``); with one episode a micro-batch (``per_device_train_batch_size: 1``, the
+generation batch kept by ``gradient_accumulation_steps``) no padding is left at all.
 """
 
 from __future__ import annotations
@@ -76,6 +82,33 @@ def token_logps_and_entropies(
     return zeros.masked_scatter(scored, token_logps), zeros.masked_scatter(scored, entropies)
 
 
+#: TRL's per-token inputs that span the prompt (left-padded) and those that span the completion (right-padded)
+_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+_COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
+                    "sampling_per_token_logps", "ref_per_token_logps", "importance_sampling_ratio")  # fmt: skip
+
+
+def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A GRPO micro-batch (TRL's loss inputs) without the columns that are padding in every row: the prompt's
+    leading ones and the completion's trailing ones. The loss is unchanged (a padded position is masked out of it,
+    and rotary attention sees the same distances); micro-batches with image inputs are returned as they are."""
+    if any(key in inputs for key in ("pixel_values", "token_type_ids", "mm_token_type_ids")):
+        return inputs
+    prompt = inputs["prompt_mask"].bool().any(0)
+    completion = inputs["completion_mask"].bool().any(0)
+    start = int(prompt.float().argmax()) if prompt.any() else 0  # the first column any prompt reaches
+    end = completion.size(0) - int(completion.flip(0).float().argmax()) if completion.any() else 1
+    width = inputs["completion_ids"].size(1)
+    trimmed = dict(inputs)
+    for key in _PROMPT_KEYS:
+        trimmed[key] = inputs[key][:, start:]
+    for key in _COMPLETION_KEYS:
+        value = inputs.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.size(1) == width:  # a per-token column
+            trimmed[key] = value[:, :end]
+    return trimmed
+
+
 def grpo_trainer_class():
     """``GRPOTrainer`` whose loss reads log-probabilities from :func:`token_logps_and_entropies` on the positions
     TRL's own loss keeps (``completion_mask × tool_mask``: the sampled tokens, not the observations or padding).
@@ -89,6 +122,7 @@ def grpo_trainer_class():
         _scored: torch.Tensor | None = None
 
         def _compute_loss(self, model, inputs):
+            inputs = trim_padding(inputs)
             mask = inputs["completion_mask"]
             self._scored = mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
             try:
