@@ -63,6 +63,34 @@ def test_log_probs_entropies_and_gradients_equal_trls_fused_head_where_scored_an
     assert with_grad.requires_grad and torch.allclose(with_grad, entropies)
 
 
+EVEREST = {"question": "Which is taller, Mount Everest or K2?", "golden_answers": ["Mount Everest"],
+           "type": "comparison"}  # fmt: skip
+
+
+def grpo_step_watched(tmp_path, monkeypatch, model, questions, flags, on_loss) -> None:
+    """One real step of run_grpo.main on ``questions`` with ``model``; ``on_loss(model, inputs)`` sees each loss
+    micro-batch as TRL hands it, and the hook it returns is removed once that micro-batch's loss is computed."""
+    from trl import GRPOTrainer
+
+    from training.run_grpo import main
+
+    compute_loss = GRPOTrainer.compute_loss
+
+    def watched_compute_loss(self, model, inputs, *args, **kwargs):
+        hook = on_loss(model, inputs)
+        try:
+            return compute_loss(self, model, inputs, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", watched_compute_loss)
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    main(["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
+          "--max_steps", "1", "--max_turns", "2", "--max_new_tokens", "12", "--topk", "1", "--report_to", "none",
+          *flags])  # fmt: skip
+
+
 @pytest.mark.parametrize("lm_head", ["scored", "trl"])
 def test_a_real_grpo_step_projects_exactly_the_sampled_tokens_through_the_lm_head(
     tiny_model, tmp_path, monkeypatch, lm_head
@@ -70,33 +98,17 @@ def test_a_real_grpo_step_projects_exactly_the_sampled_tokens_through_the_lm_hea
     """run_grpo.main on the tiny model: in the loss, the LM head module sees one row per token the model sampled
     (completion_mask × tool_mask: not the prompt, the observations or the padding); TRL's fused head reads the
     head's weight directly and projects every position, so with ``--lm_head trl`` the module sees none."""
-    from trl import GRPOTrainer
-
-    from training.run_grpo import main
-
     projected, sampled, observed = [], [], []
-    compute_loss = GRPOTrainer.compute_loss
 
-    def counting_compute_loss(self, model, inputs, *args, **kwargs):
+    def count(model, inputs):
         mask = inputs["completion_mask"] * inputs["tool_mask"]
         sampled.append(int(mask.sum()))
         observed.append(int((inputs["completion_mask"] * (1 - inputs["tool_mask"])).sum()))
         head = model.get_output_embeddings()
-        hook = head.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
-        try:
-            return compute_loss(self, model, inputs, *args, **kwargs)
-        finally:
-            hook.remove()
+        return head.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
 
-    monkeypatch.setattr(GRPOTrainer, "compute_loss", counting_compute_loss)
-    data = tmp_path / "questions.jsonl"
-    question = {"question": "Which is taller, Mount Everest or K2?", "golden_answers": ["Mount Everest"],
-                "type": "comparison"}  # fmt: skip
-    data.write_text(json.dumps(question) + "\n")
-    flags = ["--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
-             "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "2", "--max_turns", "2",
-             "--max_new_tokens", "12", "--topk", "1", "--report_to", "none", "--lm_head", lm_head]  # fmt: skip
-    main(flags)
+    flags = ["--num_generations", "2", "--per_device_train_batch_size", "2", "--lm_head", lm_head]
+    grpo_step_watched(tmp_path, monkeypatch, tiny_model, [EVEREST], flags, count)
     assert sampled and sum(observed) > 0, "no observation in the rollouts: the tool mask would go untested"
     assert sum(projected) == (sum(sampled) if lm_head == "scored" else 0)
 
@@ -143,38 +155,18 @@ def test_trim_padding_drops_the_columns_that_are_padding_in_every_row_and_leaves
 def test_a_real_grpo_step_runs_the_decoder_over_each_episode_at_its_own_length(tiny_model, tmp_path, monkeypatch):
     """run_grpo.main with one episode a micro-batch, on two questions of different lengths: TRL pads the step's
     four episodes to its longest prompt and episode, and the decoder sees each at its own length."""
-    from trl import GRPOTrainer
-
-    from training.run_grpo import main
-
     seen, own, padded = [], [], []
-    compute_loss = GRPOTrainer.compute_loss
 
-    def measuring_compute_loss(self, model, inputs, *args, **kwargs):
+    def measure(model, inputs):
         own.append(int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()))
         padded.append(inputs["prompt_mask"].size(1) + inputs["completion_mask"].size(1))
         embed = model.get_input_embeddings()
-        hook = embed.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
-        try:
-            return compute_loss(self, model, inputs, *args, **kwargs)
-        finally:
-            hook.remove()
+        return embed.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
 
-    monkeypatch.setattr(GRPOTrainer, "compute_loss", measuring_compute_loss)
-    data = tmp_path / "questions.jsonl"
-    questions = [
-        {"question": "Which is taller, Mount Everest or K2?", "golden_answers": ["Mount Everest"],
-         "type": "comparison"},
-        {"question": "Of the two mountains named Mount Everest, on the border of Nepal and China, and K2, on the "
-         "border of Pakistan and China, which one is the taller?", "golden_answers": ["Mount Everest"],
-         "type": "comparison"},
-    ]  # fmt: skip
-    data.write_text("".join(json.dumps(q) + "\n" for q in questions))
-    flags = ["--model_name_or_path", str(tiny_model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
-             "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "1",
-             "--gradient_accumulation_steps", "4", "--max_turns", "2", "--max_new_tokens", "12", "--topk", "1",
-             "--report_to", "none"]  # fmt: skip
-    main(flags)
+    longer = EVEREST | {"question": "Of the two mountains named Mount Everest, on the border of Nepal and China, "
+                        "and K2, on the border of Pakistan and China, which one is the taller?"}  # fmt: skip
+    flags = ["--num_generations", "2", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4"]
+    grpo_step_watched(tmp_path, monkeypatch, tiny_model, [EVEREST, longer], flags, measure)
     assert len(own) == 4 and len(set(own)) > 1, f"episodes of {own} tokens: the trimming goes untested"
     assert seen == own
     assert min(padded) == max(padded) > min(own)  # TRL handed each episode at the step's widest
