@@ -67,9 +67,10 @@ EVEREST = {"question": "Which is taller, Mount Everest or K2?", "golden_answers"
            "type": "comparison"}  # fmt: skip
 
 
-def grpo_step_watched(tmp_path, monkeypatch, model, questions, flags, on_loss) -> None:
-    """One real step of run_grpo.main on ``questions`` with ``model``; ``on_loss(model, inputs)`` sees each loss
-    micro-batch as TRL hands it, and the hook it returns is removed once that micro-batch's loss is computed."""
+def grpo_step_watched(tmp_path, monkeypatch, model, questions, flags, on_loss):
+    """One real step of run_grpo.main on ``questions`` with ``model``, into ``tmp_path/run`` (its saved adapter's
+    folder is returned); ``on_loss(model, inputs)`` sees each loss micro-batch as TRL hands it, and the hook it
+    returns is removed once that micro-batch's loss is computed."""
     from trl import GRPOTrainer
 
     from training.run_grpo import main
@@ -86,7 +87,7 @@ def grpo_step_watched(tmp_path, monkeypatch, model, questions, flags, on_loss) -
     monkeypatch.setattr(GRPOTrainer, "compute_loss", watched_compute_loss)
     data = tmp_path / "questions.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in questions))
-    main(["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
+    return main(["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), "--data", str(data),
           "--max_steps", "1", "--max_turns", "2", "--max_new_tokens", "12", "--topk", "1", "--report_to", "none",
           *flags])  # fmt: skip
 

@@ -39,6 +39,7 @@ from training.data import load_questions, to_dataset
 from training.gold import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
+from training.teacher import load_teacher, teacher_guided
 from training.trained_positions import grpo_trainer_class
 
 logger = logging.getLogger("run_grpo")
@@ -123,6 +124,16 @@ class ParallelSearchArguments(AgentArguments):
             "(TRL's fused head, which on a CPU projects every position); benchmarks/grpo_backends.py compares them",
             "choices": ["scored", "trl"],
         },
+    )
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "help": "teacher guidance (DGPO, training/teacher.py): a LoRA adapter on this base (e.g. the SFT policy) "
+            "or a model of its family, toward which rollouts whose answer was wrong are pulled (default: none)"
+        },
+    )
+    teacher_coef: float = field(
+        default=0.1, metadata={"help": "weight of the teacher's KL per trained token (with --teacher)"}
     )
 
 
@@ -282,6 +293,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
                 task_type="CAUSAL_LM",
             )
         trainer_class = grpo_trainer_class() if args.lm_head == "scored" else GRPOTrainer
+        guidance = {}
+        if args.teacher:
+            trainer_class = teacher_guided(trainer_class)
+            guidance = {"teacher": load_teacher(args.teacher, path), "teacher_coef": args.teacher_coef}
         trainer = trainer_class(
             model=model,
             reward_funcs=reward_functions(weights),
@@ -291,6 +306,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             peft_config=peft_config,
             rollout_func=AgentRollout(settings, rows, config.output_dir),
             callbacks=[*(callbacks or []), skip_nonfinite_steps()],
+            **guidance,
         )
         try:
             trainer.train(resume_from_checkpoint=resume)
