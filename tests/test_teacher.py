@@ -53,29 +53,30 @@ def test_a_real_grpo_step_scores_the_wrong_episodes_with_the_teacher_and_moves_t
         batches.append({k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
         return model.register_forward_hook(lambda *args: None)
 
-    flags = ["--num_generations", "2", "--per_device_train_batch_size", "2", "--teacher", str(teacher_dir),
-             "--teacher_coef", "100", "--learning_rate", "5e-3"]  # fmt: skip
+    flags = ["--num_generations", "2", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2",
+             "--teacher", str(teacher_dir), "--teacher_coef", "100", "--learning_rate", "5e-3"]  # fmt: skip
     final = grpo_step_watched(tmp_path, monkeypatch, tiny_model, [EVEREST], flags, keep)
 
     teacher, _ = load_adapter_model(teacher_dir, tiny_model)
     before = AutoModelForCausalLM.from_pretrained(tiny_model)  # a new LoRA adapter starts as its base
     after = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), final)
-    kl_before, kl_after, tokens = 0.0, 0.0, 0
+    kl_before, kl_after, per_batch = 0.0, 0.0, []
+    assert len(batches) == 2  # two micro-batches of one episode, accumulated
     for inputs in batches:
-        assert inputs[GUIDED].tolist() == [1.0, 1.0], "an episode answered right: the guidance goes untested"
+        assert inputs[GUIDED].tolist() == [1.0], "an episode answered right: the guidance goes untested"
         assert not inputs["advantages"].any(), "the rewards differ: the policy term would move the student too"
         mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
         theirs = sampled_logps(teacher, inputs)
         assert torch.allclose(inputs[TEACHER_LOGPS][mask], theirs[mask], atol=1e-4)
         assert not inputs[TEACHER_LOGPS][~mask].any()  # the observations and padding are not scored
-        kl_before += float(teacher_kl(sampled_logps(before, inputs)[mask], theirs[mask]).sum())
-        kl_after += float(teacher_kl(sampled_logps(after, inputs)[mask], theirs[mask]).sum())
-        tokens += int(mask.sum())
+        kl = teacher_kl(sampled_logps(before, inputs), theirs, mask)
+        kl_before, per_batch = kl_before + float(kl.sum()), [*per_batch, float(kl.sum() / mask.sum())]
+        kl_after += float(teacher_kl(sampled_logps(after, inputs), theirs, mask).sum())
 
     state = json.loads((tmp_path / "run" / "checkpoint-1" / "trainer_state.json").read_text())
     logged = state["log_history"][0]
     assert logged["teacher/guided_frac"] == 1.0
-    assert logged["teacher/kl"] == pytest.approx(kl_before / tokens, rel=1e-3)
+    assert logged["teacher/kl"] == pytest.approx(sum(per_batch) / 2, rel=1e-3)  # the micro-batches' mean
     assert kl_after < 0.5 * kl_before  # measured 0.20 -> 0.06 with the teacher, unchanged with --teacher_coef 0
 
 
@@ -99,3 +100,10 @@ def test_a_teacher_that_cannot_score_the_students_tokens_is_refused_with_both_na
         load_teacher(str(adapter), smollm2_path)
     with pytest.raises(SystemExit, match="not a model folder"):
         load_teacher(str(tmp_path / "missing"), tiny_model)
+
+
+def test_a_negative_teacher_coefficient_is_refused_before_anything_loads(tmp_path):
+    from training.run_grpo import main
+
+    with pytest.raises(SystemExit, match=r"--teacher_coef -1\.0: expected 0 or more"):
+        main(["--teacher", "policies/qwen0.5b-parallelsearch", "--teacher_coef", "-1", "--output_dir", str(tmp_path)])

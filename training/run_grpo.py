@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a non-interactive shell's `... &`: Ctrl-C cannot stop it
         logger.warning("this process ignores SIGINT (started in the background): stop it with `kill %d`", os.getpid())
 
+    if args.teacher_coef < 0:
+        raise SystemExit(f"--teacher_coef {args.teacher_coef}: expected 0 or more (the KL pulls toward the teacher)")
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
     restore_corpora(rows)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from training.trained_positions import plain_lm_head, token_logps_and_entropies, trim_padding
+from training.trained_positions import plain_lm_head, scored_logits, trim_padding
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,11 @@ def load_teacher(teacher: str, student: str | Path) -> Any:
     return model.eval().requires_grad_(False)
 
 
-def teacher_kl(student_logps: torch.Tensor, teacher_logps: torch.Tensor) -> torch.Tensor:
+def teacher_kl(student_logps: torch.Tensor, teacher_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The per-token k3 estimate of KL(student ‖ teacher) at tokens the student sampled: ``exp(d) − d − 1``,
-    ``d = teacher − student``, non-negative, 0 where they agree, as TRL estimates its β term."""
-    gap = teacher_logps - student_logps
+    ``d = teacher − student``, non-negative, 0 where they agree, as TRL estimates its β term; 0 where ``mask``
+    is 0 (masked before the exponential: an unscored position's gap is not a log-ratio and may overflow)."""
+    gap = (teacher_logps - student_logps) * mask
     return torch.exp(gap) - gap - 1
 
 
@@ -77,6 +78,11 @@ def teacher_guided(trainer_class: type) -> type:
             super().__init__(*args, **kwargs)
             self.teacher = teacher.to(self.accelerator.device)
             self.teacher_coef = teacher_coef
+            if "outcome_reward" not in self.reward_func_names:
+                raise ValueError(
+                    f"--teacher guides the rollouts whose outcome_reward is below 1, but the reward functions are "
+                    f"{self.reward_func_names}; expected ps_agent.rewards.outcome_reward among them"
+                )
             self._outcome = self.reward_func_names.index("outcome_reward")
             self._student_logps: torch.Tensor | None = None
             self._capture = False
@@ -108,9 +114,11 @@ def teacher_guided(trainer_class: type) -> type:
                 mask = episode["completion_mask"] * episode.get("tool_mask", 1)
                 ids = torch.cat([episode["prompt_ids"], episode["completion_ids"]], dim=1)
                 attention = torch.cat([episode["prompt_mask"], episode["completion_mask"]], dim=1)
+                targets = episode["completion_ids"][mask.bool()]
                 with self.accelerator.autocast():
-                    scored, _ = token_logps_and_entropies(self.teacher, ids, attention, mask, self.temperature)
-                logps[row, : scored.size(1)] = scored[0]
+                    logits = scored_logits(self.teacher, ids, attention, mask.bool())
+                scored = logits.float().div(self.temperature).log_softmax(-1).gather(-1, targets.unsqueeze(-1))
+                logps[row, : mask.size(1)][mask[0].bool()] = scored.squeeze(-1)
             return logps
 
         def _get_per_token_logps_and_entropies(self, *args, **kwargs):
@@ -123,19 +131,21 @@ def teacher_guided(trainer_class: type) -> type:
             self._capture = True
             try:
                 loss = super()._compute_loss(model, inputs)
+                student = self._student_logps
             finally:
-                self._capture = False
-            student, self._student_logps = self._student_logps, None
+                self._capture, self._student_logps = False, None
+            if student is None:
+                raise RuntimeError("the policy loss computed no log-probabilities through the trainer's hook")
             width = student.size(1)  # the loss may have trimmed trailing padding off the completion
             mask = inputs["completion_mask"][:, :width] * inputs.get("tool_mask", inputs["completion_mask"])[:, :width]
             mask = mask * inputs[GUIDED].unsqueeze(1)
-            kl = teacher_kl(student, inputs[TEACHER_LOGPS][:, :width]) * mask
+            kl = teacher_kl(student, inputs[TEACHER_LOGPS][:, :width], mask)
             mode = "train" if self.model.training else "eval"
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":  # as TRL normalises dapo: the step's trained tokens, one accumulation window's share
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             guided_tokens = self.accelerator.gather(mask.sum())
-            if guided_tokens.sum() > 0:
+            if guided_tokens.sum() > 0:  # per micro-batch; the step logs their mean, as TRL logs its `kl`
                 mean = self.accelerator.gather(kl.detach().sum()).sum() / guided_tokens.sum()
                 self._metrics[mode]["teacher/kl"].append(mean.item())
             return loss + self.teacher_coef * kl.sum() / normalizer
