@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ps_agent.llms import model_path
+from ps_agent.llms.embedded import load_adapter_model
 from training.trained_positions import plain_lm_head, scored_logits, trim_padding
 
 logger = logging.getLogger(__name__)
@@ -33,9 +35,6 @@ def load_teacher(teacher: str, student: str | Path) -> Any:
     base ``student``) or a model folder or embedded name whose vocabulary is the student's; refused otherwise,
     with both named."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ps_agent.llms import model_path
-    from ps_agent.llms.embedded import load_adapter_model
 
     if (Path(teacher) / "adapter_config.json").is_file():
         model, _ = load_adapter_model(teacher, student)
