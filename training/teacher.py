@@ -22,7 +22,7 @@ import torch
 
 from ps_agent.llms import model_path
 from ps_agent.llms.embedded import load_adapter_model
-from training.trained_positions import plain_lm_head, scored_logits, trim_padding
+from training.trained_positions import plain_lm_head, token_logps_and_entropies, trim_padding
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +113,11 @@ def teacher_guided(trainer_class: type) -> type:
                 mask = episode["completion_mask"] * episode.get("tool_mask", 1)
                 ids = torch.cat([episode["prompt_ids"], episode["completion_ids"]], dim=1)
                 attention = torch.cat([episode["prompt_mask"], episode["completion_mask"]], dim=1)
-                targets = episode["completion_ids"][mask.bool()]
                 with self.accelerator.autocast():
-                    logits = scored_logits(self.teacher, ids, attention, mask.bool())
-                scored = logits.float().div(self.temperature).log_softmax(-1).gather(-1, targets.unsqueeze(-1))
-                logps[row, : mask.size(1)][mask[0].bool()] = scored.squeeze(-1)
+                    scored, _ = token_logps_and_entropies(
+                        self.teacher, ids, attention, mask, self.temperature, with_entropy=False
+                    )
+                logps[row, : scored.size(1)] = scored[0]
             return logps
 
         def _get_per_token_logps_and_entropies(self, *args, **kwargs):

@@ -66,19 +66,22 @@ def token_logps_and_entropies(
     scored: torch.Tensor,
     temperature: float,
     entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GRPO's per-token log-probabilities of the completion (the last ``scored.size(1)`` tokens of ``input_ids``)
     at ``temperature``, and their entropies: ``(batch, width)`` each, computed where ``scored`` is true and 0
     elsewhere. The entropies carry a gradient only with ``entropy_grad`` (an entropy bonus in the loss); TRL
-    otherwise only logs them and masks by them."""
+    otherwise only logs them and masks by them; without ``with_entropy`` they are not computed (``None``)."""
     scored = scored.bool()
     targets = input_ids[:, -scored.size(1) :][scored]
     logps = scored_logits(model, input_ids, attention_mask, scored).float().div(temperature).log_softmax(-1)
     token_logps = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropies = -(logps.exp() * logps).sum(-1)
     zeros = torch.zeros(scored.shape, dtype=token_logps.dtype, device=token_logps.device)
     # masked_scatter keeps a batch with no scored token connected to the graph: its loss is a differentiable 0
+    if not with_entropy:
+        return zeros.masked_scatter(scored, token_logps), None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropies = -(logps.exp() * logps).sum(-1)
     return zeros.masked_scatter(scored, token_logps), zeros.masked_scatter(scored, entropies)
 
 
