@@ -141,6 +141,7 @@ def main() -> None:
     for name, spec, mode in policies:
         if not args.tables_only:
             answer(sets, args.run_dir / name, spec, mode, args.device, concurrency, args.limit, args.max_new_tokens)
+            record_devices(args.run_dir / name, list(sets), args.device)
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
         made[name] = "`, then `".join(commands(args.run_dir / name))
