@@ -38,7 +38,8 @@ def measure(args: argparse.Namespace) -> dict:
     if unknown:
         raise SystemExit(f"--devices: unknown {unknown}, expected some of {list(DEVICES)}")
     classes = set(args.classes.split(",")) if args.classes else None
-    sets = validation_sets(args.run_dir / "sets", 0, classes, set(args.sets.split(",")))
+    # NQ, if asked for, as a seeded sample of --limit questions (policy_table.py: --nq)
+    sets = validation_sets(args.run_dir / "sets", args.limit or 200, classes, set(args.sets.split(",")))
     rows, first = [], None
     for device in devices:
         folder = args.run_dir / device
