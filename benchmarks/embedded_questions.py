@@ -86,14 +86,21 @@ async def run_policy(spec: str, mode: str, title_weight: float) -> list[dict[str
     resolve_text_policy(spec).expected = len(QUESTIONS)  # one loaded policy per spec: every turn in one batch
     retriever = BM25Retriever(load_embedded_corpus(), title_weight=title_weight)
     agent = ParallelSearchAgent(llm=spec, retriever=retriever, mode=mode)
-    outs = await asyncio.gather(*(agent.ainvoke(q["question"]) for q in QUESTIONS))
-    return [
-        {"kind": q["kind"], "question": q["question"], "answer": out["answer"],
-         "right": bool(exact_match(out["answer"], q["answers"])),
-         "searches": re.findall(r"<search>(.*?)</search>", out["trajectory"]["response"], re.S),
-         "llm_calls": out["stats"]["llm_calls"]}
-        for q, out in zip(QUESTIONS, outs, strict=True)
-    ]  # fmt: skip
+    outs = await asyncio.gather(*(agent.ainvoke(q["question"]) for q in QUESTIONS), return_exceptions=True)
+    return [question_row(q, out) for q, out in zip(QUESTIONS, outs, strict=True)]
+
+
+def question_row(question: dict[str, Any], out: dict[str, Any] | BaseException) -> dict[str, Any]:
+    """One question's row; a run that failed (an agent error, a timeout on a loaded machine) is a wrong answer
+    with its error, so one question does not lose the others' answers."""
+    row = {"kind": question["kind"], "question": question["question"]}
+    if isinstance(out, BaseException):
+        return row | {"answer": "", "right": False, "searches": [], "llm_calls": None, "error": repr(out)}
+    return row | {
+        "answer": out["answer"], "right": bool(exact_match(out["answer"], question["answers"])),
+        "searches": re.findall(r"<search>(.*?)</search>", out["trajectory"]["response"], re.S),
+        "llm_calls": out["stats"]["llm_calls"], "error": None,
+    }  # fmt: skip
 
 
 def markdown(command: str, results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
@@ -104,14 +111,16 @@ def markdown(command: str, results: dict[str, dict[str, list[dict[str, Any]]]]) 
         for retriever, rows in by_retriever.items():
             counts = [f"{sum(r['right'] for r in rows if r['kind'] == k)} of {sum(r['kind'] == k for r in rows)}"
                       for k in kinds]  # fmt: skip
-            calls = sum(r["llm_calls"] for r in rows) / len(rows)
+            answered = [r["llm_calls"] for r in rows if r["llm_calls"] is not None]
+            calls = sum(answered) / len(answered) if answered else float("nan")
             lines.append(f"| {name} | {retriever} | {sum(r['right'] for r in rows)} of {len(rows)} | "
                          + " | ".join(counts) + f" | {calls:.2f} |")  # fmt: skip
     for name, by_retriever in results.items():
         for retriever, rows in by_retriever.items():
             lines += ["", f"## {name}, {retriever}", "", "| question | searches | answer | right |",
                       "|---|---|---|---|"]  # fmt: skip
-            lines += [f"| {r['question']} | {' / '.join(s.strip() for s in r['searches']) or '–'} | {r['answer']} | "
+            lines += [f"| {r['question']} | {' / '.join(s.strip() for s in r['searches']) or '–'} | "
+                      f"{r['answer'] if r.get('error') is None else 'failed: ' + r['error']} | "
                       f"{'yes' if r['right'] else 'no'} |" for r in rows]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -39,9 +39,20 @@ from ps_agent.trajectories import read_records  # noqa: E402
 
 def record_devices(folder: Path, datasets: list[str], device: str) -> None:
     """Note which device answered ``datasets`` in a policy's eval folder: one folder may be filled on a GPU, then
-    resumed on a CPU for other sets, and its seconds per question are comparable only within a device."""
-    devices = recorded_devices(folder) | dict.fromkeys(datasets, device)
+    resumed on a CPU, and its seconds per question are comparable only within a device. A set answered in part on
+    one device and in part on another names both (``cuda + vllm-cpu``)."""
+    devices = recorded_devices(folder)
+    for name in datasets:
+        held = devices.get(name)
+        devices[name] = (
+            device if held is None or held == device else " + ".join(dict.fromkeys([*held.split(" + "), device]))
+        )
     (folder / "devices.json").write_text(json.dumps(devices, indent=1) + "\n")
+
+
+def answered(folder: Path) -> dict[str, int]:
+    """Per dataset, how many result lines a policy's eval folder holds (to see which sets a run added to)."""
+    return {path.name.split(".")[0]: sum(1 for _ in path.open()) for path in (folder / "results").glob("*.jsonl")}
 
 
 def recorded_devices(folder: Path) -> dict[str, str]:
@@ -140,8 +151,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
+            before = answered(args.run_dir / name) if (args.run_dir / name / "results").is_dir() else {}
             answer(sets, args.run_dir / name, spec, mode, args.device, concurrency, args.limit, args.max_new_tokens)
-            record_devices(args.run_dir / name, list(sets), args.device)
+            after = answered(args.run_dir / name)
+            added = [d for d in sets if after.get(d, 0) > before.get(d, 0)]
+            record_devices(args.run_dir / name, added, args.device)
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
         made[name] = "`, then `".join(commands(args.run_dir / name))

@@ -33,3 +33,16 @@ def test_the_summaries_state_each_questions_facts_and_the_facts_give_its_answer(
             assert answers[0] in facts[-1][1], question
     assert kinds == {"comparison", "2-hop"}
     assert len({q["question"] for q in embedded_questions.QUESTIONS}) == len(embedded_questions.QUESTIONS)
+
+
+def test_a_failed_run_is_a_wrong_answer_with_its_error_and_the_others_keep_theirs():
+    question, other = embedded_questions.QUESTIONS[:2]
+    answered = {"answer": other["answers"][0], "stats": {"llm_calls": 2},
+                "trajectory": {"response": "<search> a ## b </search>"}}  # fmt: skip
+    rows = [embedded_questions.question_row(question, TimeoutError("run_timeout_s=600 reached")),
+            embedded_questions.question_row(other, answered)]  # fmt: skip
+    assert rows[0]["right"] is False and "run_timeout_s=600" in rows[0]["error"] and rows[0]["llm_calls"] is None
+    assert rows[1]["right"] is True and rows[1]["searches"] == [" a ## b "] and rows[1]["error"] is None
+    page = embedded_questions.markdown("cmd", {"p": {"title field": rows}})
+    assert "| p | title field | 1 of 2 |" in page and "failed: TimeoutError('run_timeout_s=600 reached')" in page
+    assert "| 2.00 |" in page  # LLM calls averaged over the answered question only

@@ -65,8 +65,11 @@ def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_a
     (folder / "device.txt").write_text("cuda")  # as an older policy_table left it
     policy_table.record_devices(folder, ["musique"], "cpu")
     assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda", "musique": "cpu"}
-    policy_table.record_devices(folder, ["hotpotqa"], "cuda (H200)")
-    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda (H200)", "musique": "cpu"}
+    policy_table.record_devices(folder, ["hotpotqa", "musique"], "vllm-cpu")  # resumed on another device
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda + vllm-cpu", "musique": "cpu + vllm-cpu"}
+    policy_table.record_devices(folder, ["hotpotqa"], "cuda")  # a device named once
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda + vllm-cpu", "musique": "cpu + vllm-cpu"}
+    assert policy_table.answered(folder) == {"hotpotqa": 1}
     runs = [{"command": f"/x/benchmarks/policy_table.py --sets {s}"} for s in ("hotpotqa", "musique", "hotpotqa")]
     (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
     assert policy_table.commands(folder) == [
