@@ -43,10 +43,8 @@ def record_devices(folder: Path, datasets: list[str], device: str) -> None:
     one device and in part on another names both (``cuda + vllm-cpu``)."""
     devices = recorded_devices(folder)
     for name in datasets:
-        held = devices.get(name)
-        devices[name] = (
-            device if held is None or held == device else " + ".join(dict.fromkeys([*held.split(" + "), device]))
-        )
+        held = devices[name].split(" + ") if name in devices else []
+        devices[name] = " + ".join(dict.fromkeys([*held, device]))
     (folder / "devices.json").write_text(json.dumps(devices, indent=1) + "\n")
 
 
@@ -151,7 +149,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
-            before = answered(args.run_dir / name) if (args.run_dir / name / "results").is_dir() else {}
+            before = answered(args.run_dir / name)
             answer(sets, args.run_dir / name, spec, mode, args.device, concurrency, args.limit, args.max_new_tokens)
             after = answered(args.run_dir / name)
             added = [d for d in sets if after.get(d, 0) > before.get(d, 0)]
