@@ -370,6 +370,12 @@ def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Pat
     return policy
 
 
+#: a benchmark's agent runs get the longest run AgentConfig allows: on a 2-core CPU a batch of questions takes
+#: minutes a turn, and the agent's default of 600 s cut off a question of 4 turns and a forced answer (and, beside
+#: other work, every question of embedded_questions.py); a benchmark measures the policy, not the machine
+EVAL_RUN_TIMEOUT_S = BOUNDS["run_timeout_s"][1]
+
+
 def answer(
     sets: dict[str, Path],
     folder: Path,
@@ -392,10 +398,7 @@ def answer(
             modes=(mode,),
             concurrency=concurrency,
             limit=limit,
-            # the longest run AgentConfig allows: on a 2-core CPU a batch of 16 questions takes minutes a turn,
-            # and the agent's default of 600 s cut off a question of 4 turns and a forced answer (an eval
-            # measures the policy, not the machine)
-            agent={"max_new_tokens": max_new_tokens, "run_timeout_s": BOUNDS["run_timeout_s"][1]},
+            agent={"max_new_tokens": max_new_tokens, "run_timeout_s": EVAL_RUN_TIMEOUT_S},
             weights=weight_files(spec),
         ))  # fmt: skip
         answered = time.monotonic()

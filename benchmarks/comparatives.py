@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, parse_policy, save  # noqa: E402
+from benchmarks.common import EVAL_RUN_TIMEOUT_S, RESULTS, parse_policy, save  # noqa: E402
 from ps_agent.metrics import exact_match  # noqa: E402
 
 #: (question asking for the larger value, question asking for the smaller, then per entity: title, the other
@@ -96,7 +96,10 @@ async def run_policy(spec: str, mode: str, questions: list[dict[str, Any]], work
             corpora[case["pair"]] = work / f"corpus-{case['pair']}.jsonl"
             corpora[case["pair"]].write_text("".join(json.dumps(line) + "\n" for line in case["corpus"]))
     agents = [
-        ParallelSearchAgent(llm=spec, retriever=str(corpora[case["pair"]]), topk=1, mode=mode) for case in questions
+        ParallelSearchAgent(
+            llm=spec, retriever=str(corpora[case["pair"]]), topk=1, mode=mode, run_timeout_s=EVAL_RUN_TIMEOUT_S
+        )
+        for case in questions
     ]
     outs = await asyncio.gather(
         *(agent.ainvoke(case["question"]) for agent, case in zip(agents, questions, strict=True))

@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, parse_policy, save  # noqa: E402
+from benchmarks.common import EVAL_RUN_TIMEOUT_S, RESULTS, parse_policy, save  # noqa: E402
 from ps_agent.metrics import exact_match  # noqa: E402
 
 #: kind, question, answers, and the facts it needs: (summary title, the words of that summary stating the fact)
@@ -85,7 +85,7 @@ async def run_policy(spec: str, mode: str, title_weight: float) -> list[dict[str
 
     resolve_text_policy(spec).expected = len(QUESTIONS)  # one loaded policy per spec: every turn in one batch
     retriever = BM25Retriever(load_embedded_corpus(), title_weight=title_weight)
-    agent = ParallelSearchAgent(llm=spec, retriever=retriever, mode=mode)
+    agent = ParallelSearchAgent(llm=spec, retriever=retriever, mode=mode, run_timeout_s=EVAL_RUN_TIMEOUT_S)
     outs = await asyncio.gather(*(agent.ainvoke(q["question"]) for q in QUESTIONS), return_exceptions=True)
     return [question_row(q, out) for q, out in zip(QUESTIONS, outs, strict=True)]
 
