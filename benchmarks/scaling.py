@@ -45,7 +45,8 @@ class DelayedRetriever:
 
 def setting(q: dict) -> str:
     return {"comparison": f"comparison k={q['k']}", "bridge": f"bridge d={q['depth']}",
-            "hybrid": f"hybrid k={q['k']} d={q['depth']}", "single-hop": "single-hop"}[q["family"]]  # fmt: skip
+            "hybrid": f"hybrid k={q['k']} d={q['depth']}", "single-hop": "single-hop", "yes-no": "yes/no k=2",
+            "ranked": "ranked k=2"}[q["family"]]  # fmt: skip
 
 
 def run(policy_name: str, llm, retriever, questions: list[dict], mode: str, **agent_kwargs) -> list[dict]:

@@ -99,11 +99,30 @@ class World:
         for city in self.cities:
             city.attrs["area"] = measures.randint(20, 2500)
             city.attrs["elevation"] = measures.randint(2, 3000)
+        self.mountains, self.lakes = self._ranked("mountain", 2500, 8000), self._ranked("lake", 150, 9000)
         self.by_name = {e.name: e for e in self.entities}
+
+    def _ranked(self, kind: str, low: int, high: int) -> list[Entity]:
+        """Three mountains (height) or lakes (area) per country, ranked: the first is the country's highest or
+        largest, the second the next, the third smaller than both. Their passages state the ranks the way
+        encyclopedias do (``ranked_text``). Drawn after every other entity, so the rest of a world is what it was
+        without them."""
+        out = []
+        for country in self.countries:
+            top = self.rng.randint(low, high)
+            second = top - self.rng.randint(1, max(2, top // 6))
+            third = max(low // 10, second - self.rng.randint(1, max(2, second // 3)))
+            for rank, value in enumerate((top, second, third), 1):
+                name = self._name(2).capitalize()
+                out.append(Entity(kind, f"{'Mount' if kind == 'mountain' else 'Lake'} {name}", {
+                    "country": country.name, "rank": rank, "value": value, "named": self.rng.randint(1700, 1950),
+                }))  # fmt: skip
+            out[-2].attrs |= {"after": out[-3].name, "after_value": top}
+        return out
 
     @property
     def entities(self) -> list[Entity]:
-        return self.countries + self.cities + self.people + self.companies + self.works
+        return self.countries + self.cities + self.people + self.companies + self.works + self.mountains + self.lakes
 
     def _name(self, syllables: int = 1) -> str:
         while True:
@@ -134,6 +153,8 @@ class World:
                 f"Founded in {a['founded']}, {e.name} is a city of {a['population']} people in {a['country']}, "
                 f"{a['elevation']:,} metres above sea level, with an area of {a['area']:,} square kilometres.",
             ][pick]
+        if e.kind in _RANKED:
+            return ranked_text(e)
         if e.kind == "country":
             return [
                 f"{e.name} is a country that became independent in {a['independence']}.",
@@ -157,6 +178,77 @@ class World:
     def corpus(self) -> list[dict[str, str]]:
         return [{"id": self.pid(e), "contents": f'"{e.title}"\n{self.text(e)}'} for e in self.entities]
 
+
+# Ranked entities: (superlative, second's rank, unit, the verb stating a value, how a passage dates the entity).
+_RANKED = {
+    "mountain": ("highest", "second-highest", "metres", "rises {value} above sea level", "first climbed in {year}"),
+    "lake": ("largest", "second-largest", "square kilometres", "covers {value}", "first mapped in {year}"),
+}
+
+
+def ranked_text(e: Entity) -> str:
+    """The passage of a ranked mountain or lake, as encyclopedias state ranks: the first of a country is called
+    its highest (largest), with its value in one passage of three and without it in the others ("Mount Everest is
+    the highest mountain on Earth"); the second states its value and the first's ("K2, at 8,611 metres, is the
+    second-highest mountain on Earth, after Mount Everest at 8,849 metres"); the third states its own. Each also
+    states a year, which is not the value compared."""
+    a = e.attrs
+    most, second, unit, verb, dated = _RANKED[e.kind]
+    value, year = f"{a['value']:,} {unit}", dated.format(year=a["named"])
+    if a["rank"] == 1:
+        superlative = f"the {most} {e.kind} in {a['country']}"
+        if stated_value(e):
+            return f"{e.name} is {superlative}: it {verb.format(value=value)}. It was {year}."
+        return [f"{e.name} is {superlative}. It was {year}.", f"{e.name}, {year}, is {superlative}."][
+            sum(map(ord, e.name)) % 2
+        ]
+    if a["rank"] == 2:
+        after = f"{a['after_value']:,} {unit}"
+        return [
+            f"{e.name}, at {value}, is the {second} {e.kind} in {a['country']}, after {a['after']} at {after}.",
+            f"{e.name} is the {second} {e.kind} in {a['country']} ({value}), after {a['after']} ({after}). "
+            f"It was {year}.",
+        ][sum(map(ord, e.name)) % 2]
+    return [
+        f"{e.name} is a {e.kind} in {a['country']} that {verb.format(value=value)}. It was {year}.",
+        f"{year.capitalize()}, {e.name} {verb.format(value=value)} in {a['country']}.",
+    ][sum(map(ord, e.name)) % 2]
+
+
+def stated_value(e: Entity) -> bool:
+    """Whether a ranked entity's own passage states its value: always below the first rank; for one of three
+    first-ranked, by a stable hash of the name (the others are called the highest or largest, without a number)."""
+    return e.attrs["rank"] > 1 or sum(map(ord, e.name)) % 3 == 0
+
+
+def ranked_step(world: World, e: Entity, other: Entity) -> dict[str, Any]:
+    """The plan step that reads a ranked entity's value for a comparison with ``other``: its own value when its
+    passage states one; else the superlative its passage states (``superlative``), the country both lie in
+    (``place``), and its value as ``other``'s passage states it (``stated_in``, ``value_there``), when it does."""
+    most, _, unit, _, _ = _RANKED[e.kind]
+    noun = "height" if e.kind == "mountain" else "area"
+    step = {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e)}
+    if stated_value(e):
+        return step | {"finding": f"{e.attrs['value']:,} {unit}"}
+    step |= {"finding": f"the {most} {e.kind} in {e.attrs['country']}", "superlative": True}
+    step["place"] = e.attrs["country"]
+    if other.attrs.get("after") == e.name:
+        step |= {"stated_in": other.name, "value_there": f"{e.attrs['value']:,} {unit}"}
+    return step
+
+
+_RANKED_QUESTIONS = {
+    "mountain": {
+        "max": ["Which mountain is higher, {a} or {b}?", "Which is taller: {a} or {b}?",
+                "Which of {a} and {b} rises higher above sea level?"],
+        "min": ["Which mountain is lower, {a} or {b}?", "Which peak is lower: {a} or {b}?",
+                "Which of {a} and {b} is the lower mountain?"]},
+    "lake": {
+        "max": ["Which lake is larger, {a} or {b}?", "Which lake covers more area: {a} or {b}?",
+                "Which of {a} and {b} is the bigger lake?"],
+        "min": ["Which lake is smaller, {a} or {b}?", "Which lake covers less area: {a} or {b}?",
+                "Which of {a} and {b} is the smaller lake?"]},
+}  # fmt: skip
 
 # Comparisons: (entity kind, attribute compared, sub-question noun, unit of its value, questions). Questions come
 # in pairs (two entities, more), asking for the smallest value ("min") or the largest ("max") in words that vary:
@@ -329,6 +421,15 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)
         rounds = [[c["plan"][i] for c in chains] for i in range(2)]
         add("hybrid", "hybrid", question, pick["start"], rounds, k=2, depth=2, answer_round=0)
+    for i in range(per_family * 3):  # ranked pairs: a value stated as a superlative, or in the other's passage
+        group = world.mountains if i % 2 == 0 else world.lakes
+        first = 3 * rng.randrange(len(group) // 3)
+        pair = rng.sample(group[first : first + 3], 2)  # any two of a country's three, in either order
+        wanted = rng.choice(["min", "max"])
+        pick = (min if wanted == "min" else max)(pair, key=lambda e: e.attrs["value"])
+        question = rng.choice(_RANKED_QUESTIONS[pair[0].kind][wanted]).format(a=pair[0].name, b=pair[1].name)
+        plan = [[ranked_step(world, pair[0], pair[1]), ranked_step(world, pair[1], pair[0])]]
+        add("ranked", "comparison", question, pick.name, plan, k=2, depth=1)
     return out
 
 

@@ -1,6 +1,8 @@
 """The synthetic world: determinism, answerability, and the plumbing proof with the gold-plan oracle."""
 
 import json
+import re
+from collections import Counter
 
 import pytest
 
@@ -40,6 +42,7 @@ def test_every_family_and_size_is_present(world):
     assert {("hybrid", k, d) for k in (2, 3) for d in (2, 3)} <= settings
     assert ("single-hop", 1, 1) in settings
     assert ("yes-no", 2, 1) in settings
+    assert ("ranked", 2, 1) in settings
     for q in questions:
         assert q["optimal_rounds"] == len(q["plan"]) == q["depth"]
         assert q["family"] not in ("comparison", "single-hop") or q["optimal_rounds"] == 1  # one round of k
@@ -128,3 +131,37 @@ def test_comparisons_ask_for_the_smallest_and_the_largest_in_varied_words_with_u
     for word in ("talle", "shorte", "fewe", "younge", "highe", "lowe", "olde", "most recently"):  # -er or -est
         assert word in words, word
     assert any(s["finding"].endswith(" cm") for q in compared for s in q["plan"][0])
+
+
+def test_ranked_pairs_state_a_value_as_a_rank_or_only_in_the_other_entitys_passage(tmp_path):
+    """v5 answered "K2" to "Which mountain is higher, Mount Everest or K2?": Everest's summary calls it the highest
+    mountain on Earth without a height, and K2's states both heights. Ranked pairs of mountains and lakes state
+    values that way, and the answer follows from the values wherever they are stated, or from the rank."""
+    corpus, path = generate(seed=11, entities=400, out=tmp_path, per_family=40)
+    questions = [json.loads(line) for line in path.read_text().splitlines()]
+    passages = {json.loads(line)["id"]: json.loads(line)["contents"] for line in corpus.read_text().splitlines()}
+    ranked = [q for q in questions if q["family"] == "ranked"]
+    cases = Counter()
+    for q in ranked:
+        steps, (answer,) = q["plan"][0], q["golden_answers"]
+        names = [s["sub_question"].rsplit(" ", 1)[0] for s in steps]
+        assert q["type"] == "comparison" and all(name in q["question"] for name in names), q["question"]
+        values = []
+        for step, other in zip(steps, steps[::-1], strict=True):
+            text, elsewhere = passages[step["passage_id"]], passages[other["passage_id"]]
+            assert step["finding"] in text, step
+            if not step.get("superlative"):
+                values.append(int(step["finding"].split()[0].replace(",", "")))
+                cases["both stated"] += 0.5
+            elif "value_there" in step:  # its own passage states no value; the other's states it
+                assert not re.search(r"\d,\d{3}|\d (?:metres|square)", text) and step["value_there"] in elsewhere
+                values.append(int(step["value_there"].split()[0].replace(",", "")))
+                cases["stated in the other passage"] += 1
+            else:  # no value stated anywhere: the rank decides, over the other entity of the same country
+                assert not re.search(r"\d,\d{3}|\d (?:metres|square)", text) and step["place"] in elsewhere
+                values.append(float("inf"))
+                cases["the rank decides"] += 1
+        asks_largest = re.search(r"higher|taller|larger|more|bigger", q["question"]) is not None
+        assert answer == names[values.index(max(values) if asks_largest else min(values))], q["question"]
+    assert min(cases.values()) >= len(ranked) // 10, cases
+    assert {q["plan"][0][0]["sub_question"].split()[0] for q in ranked} == {"Mount", "Lake"}

@@ -461,7 +461,8 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
         # round names what each value belongs to, where each of its findings leads to the entity searched next
         starts = _chain_starts(q.plan)
         verdict = (
-            comparison_verdict(q.question, q.plan[-1], answer)
+            ranked_verdict(q.plan[-1], answer)
+            or comparison_verdict(q.question, q.plan[-1], answer)
             or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
             or yes_no_verdict(q.question, q.plan[-1], answer)
         )
@@ -566,6 +567,32 @@ def comparison_verdict(
         compared.append(compare_two(best, value, wanted))
         best = _BETTER[wanted](best, value)
     return f"The question asks for the {wanted}. {' '.join(compared)} The {wanted} is {finding} ({answer})."
+
+
+def ranked_verdict(steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """The verdict of a comparison of two whose one passage states its entity's rank and not its value ("Mount
+    Everest is the highest mountain on Earth"): the value the other passage states for it ("K2 ... after Mount
+    Everest at 8,849 metres"), compared digit by digit; else the rank itself, which puts it above any other of
+    the place it names (``superlative`` and ``place``, ``stated_in`` and ``value_there``: ``ps_agent.synthetic
+    .ranked_step``). None for any other comparison."""
+    tops = [s for s in steps if s.get("superlative")]
+    if len(steps) != 2 or len(tops) != 1:
+        return None
+    top, other = tops[0], steps[1 - steps.index(tops[0])]
+    top_name, other_name = (s["sub_question"].rsplit(" ", 1)[0] for s in (top, other))  # "Mount X height"
+    wanted = "largest" if _normalised(answer) == _normalised(top_name) else "smallest"
+    asks = f"The question asks for the {wanted}."
+    if not top.get("value_there"):
+        place = f"{top_name} is {top['finding']}, and {other_name} is in {top['place']} too"
+        return f"{asks} {place}, so {top_name} is the larger. The {wanted} is {answer}."
+    values = [_value(top["value_there"] if s is top else s["finding"]) for s in steps]
+    if None in values:
+        return None
+    read = top["value_there"] if wanted == "largest" else other["finding"]
+    return (
+        f"{other_name}'s passage puts {top_name} at {top['value_there']}. {asks} "
+        f"{compare_two(values[0], values[1], wanted)} The {wanted} is {read} ({answer})."
+    )
 
 
 def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
