@@ -47,9 +47,10 @@ class Entity:
 
 
 class World:
-    """Entities of a seed; ``passage(e)`` is the one passage that states an entity's facts."""
+    """Entities of a seed; ``passage(e)`` is the one passage that states an entity's facts. ``ranked``: add three
+    ranked mountains and lakes per country (``_ranked``), and with them the ranked question family."""
 
-    def __init__(self, seed: int, entities: int) -> None:
+    def __init__(self, seed: int, entities: int, ranked: bool = False) -> None:
         if entities < 40:
             raise ValueError(f"entities must be at least 40 for every question family, got {entities}")
         self.rng = random.Random(seed)
@@ -99,7 +100,8 @@ class World:
         for city in self.cities:
             city.attrs["area"] = measures.randint(20, 2500)
             city.attrs["elevation"] = measures.randint(2, 3000)
-        self.mountains, self.lakes = self._ranked("mountain", 2500, 8000), self._ranked("lake", 150, 9000)
+        self.mountains = self._ranked("mountain", 2500, 8000) if ranked else []
+        self.lakes = self._ranked("lake", 150, 9000) if ranked else []
         self.by_name = {e.name: e for e in self.entities}
 
     def _ranked(self, kind: str, low: int, high: int) -> list[Entity]:
@@ -421,7 +423,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)
         rounds = [[c["plan"][i] for c in chains] for i in range(2)]
         add("hybrid", "hybrid", question, pick["start"], rounds, k=2, depth=2, answer_round=0)
-    for i in range(per_family * 3):  # ranked pairs: a value stated as a superlative, or in the other's passage
+    # ranked pairs (a world built with them): a value stated as a rank, or only in the other entity's passage
+    for i in range(per_family * 3 if world.mountains else 0):
         group = world.mountains if i % 2 == 0 else world.lakes
         first = 3 * rng.randrange(len(group) // 3)
         pair = rng.sample(group[first : first + 3], 2)  # any two of a country's three, in either order
@@ -449,11 +452,13 @@ _BY_START = {
 }
 
 
-def generate(seed: int, entities: int, out: str | Path, per_family: int = 3) -> tuple[Path, Path]:
-    """Write ``corpus.jsonl`` and ``questions.jsonl`` for a seed: same seed and sizes, same bytes."""
+def generate(seed: int, entities: int, out: str | Path, per_family: int = 3, ranked: bool = False) -> tuple[Path, Path]:
+    """Write ``corpus.jsonl`` and ``questions.jsonl`` for a seed: same seed and sizes, same bytes. ``ranked``: with
+    the ranked mountains and lakes and their questions (off by default: the held-out world and the gold the
+    shipped adapters were trained on are without them)."""
     if not isinstance(per_family, int) or per_family < 1:
         raise ValueError(f"per_family must be at least 1 (questions per family setting), got {per_family!r}")
-    world = World(seed, entities)
+    world = World(seed, entities, ranked)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     corpus, qs = out / "corpus.jsonl", out / "questions.jsonl"

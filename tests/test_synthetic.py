@@ -42,7 +42,7 @@ def test_every_family_and_size_is_present(world):
     assert {("hybrid", k, d) for k in (2, 3) for d in (2, 3)} <= settings
     assert ("single-hop", 1, 1) in settings
     assert ("yes-no", 2, 1) in settings
-    assert ("ranked", 2, 1) in settings
+    assert "ranked" not in {q["family"] for q in questions}  # opt-in: the held-out world is what it was
     for q in questions:
         assert q["optimal_rounds"] == len(q["plan"]) == q["depth"]
         assert q["family"] not in ("comparison", "single-hop") or q["optimal_rounds"] == 1  # one round of k
@@ -89,9 +89,15 @@ def test_yes_no_questions_are_half_yes_and_ask_about_a_value_one_of_them_has(wor
         assert any(s["finding"] in q["question"] for s in q["plan"][0]), q["question"]
 
 
-@pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_plumbing_proof_gold_plans_through_the_real_graph_and_bm25(world, mode):
-    corpus, questions = world
+@pytest.fixture(scope="module")
+def ranked_world(tmp_path_factory):
+    corpus, questions = generate(seed=7, entities=150, out=tmp_path_factory.mktemp("ranked"), ranked=True)
+    return corpus, [json.loads(line) for line in questions.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("mode", "which"), [("parallel", "world"), ("sequential", "world"), ("parallel", "ranked")])
+def test_plumbing_proof_gold_plans_through_the_real_graph_and_bm25(world, ranked_world, mode, which):
+    corpus, questions = world if which == "world" else ranked_world
     oracle = GoldPlanPolicy(questions, mode=mode)
     agent = ParallelSearchAgent(llm=oracle, retriever=str(corpus), mode=mode, max_turns=30, topk=3)
     outs = agent.batch([q["question"] for q in questions], config={"max_concurrency": 4})
@@ -137,10 +143,13 @@ def test_ranked_pairs_state_a_value_as_a_rank_or_only_in_the_other_entitys_passa
     """v5 answered "K2" to "Which mountain is higher, Mount Everest or K2?": Everest's summary calls it the highest
     mountain on Earth without a height, and K2's states both heights. Ranked pairs of mountains and lakes state
     values that way, and the answer follows from the values wherever they are stated, or from the rank."""
-    corpus, path = generate(seed=11, entities=400, out=tmp_path, per_family=40)
+    corpus, path = generate(seed=11, entities=400, out=tmp_path, per_family=40, ranked=True)
     questions = [json.loads(line) for line in path.read_text().splitlines()]
     passages = {json.loads(line)["id"]: json.loads(line)["contents"] for line in corpus.read_text().splitlines()}
     ranked = [q for q in questions if q["family"] == "ranked"]
+    plain, _ = generate(seed=11, entities=400, out=tmp_path / "plain", per_family=40)
+    extra = {json.loads(line)["id"] for line in corpus.read_text().splitlines()}
+    assert {json.loads(line)["id"] for line in plain.read_text().splitlines()} < extra  # the rest is unchanged
     cases = Counter()
     for q in ranked:
         steps, (answer,) = q["plan"][0], q["golden_answers"]
