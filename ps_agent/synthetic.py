@@ -223,20 +223,24 @@ def stated_value(e: Entity) -> bool:
     return e.attrs["rank"] > 1 or sum(map(ord, e.name)) % 3 == 0
 
 
-def ranked_step(world: World, e: Entity, other: Entity) -> dict[str, Any]:
-    """The plan step that reads a ranked entity's value for a comparison with ``other``: its own value when its
-    passage states one; else the superlative its passage states (``superlative``), the country both lie in
-    (``place``), and its value as ``other``'s passage states it (``stated_in``, ``value_there``), when it does."""
+def ranked_step(world: World, e: Entity, other: Entity, as_named: bool = False) -> dict[str, Any]:
+    """The plan step that reads a ranked entity's value for a comparison with ``other``: ``entity``, its own
+    ``value`` when its passage states one; else the rank its passage states (``superlative``), the country both lie
+    in (``place``), and its value as ``other``'s passage states it (``stated_in``, ``value_there``), when it does.
+    The search and the finding are ``X height`` and the value or rank read, or with ``as_named`` as real questions
+    have them: the bare name, and the passage's sentence that states the value or rank."""
     most, _, unit, _, _ = _RANKED[e.kind]
-    noun = "height" if e.kind == "mountain" else "area"
-    step = {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e)}
+    step: dict[str, Any] = {"entity": e.name, "passage_id": world.pid(e)}
     if stated_value(e):
-        return step | {"finding": f"{e.attrs['value']:,} {unit}"}
-    step |= {"finding": f"the {most} {e.kind} in {e.attrs['country']}", "superlative": True}
-    step["place"] = e.attrs["country"]
-    if other.attrs.get("after") == e.name:
-        step |= {"stated_in": other.name, "value_there": f"{e.attrs['value']:,} {unit}"}
-    return step
+        step["value"] = f"{e.attrs['value']:,} {unit}"
+    else:
+        step |= {"superlative": f"the {most} {e.kind} in {e.attrs['country']}", "place": e.attrs["country"]}
+        if other.attrs.get("after") == e.name:
+            step |= {"stated_in": other.name, "value_there": f"{e.attrs['value']:,} {unit}"}
+    if as_named:  # every ranked passage states its value or rank in its first sentence
+        return step | {"sub_question": e.name, "finding": ranked_text(e).split(". ")[0].rstrip(".")}
+    noun = "height" if e.kind == "mountain" else "area"
+    return step | {"sub_question": f"{e.name} {noun}", "finding": step.get("value") or step["superlative"]}
 
 
 _RANKED_QUESTIONS = {
@@ -431,7 +435,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         wanted = rng.choice(["min", "max"])
         pick = (min if wanted == "min" else max)(pair, key=lambda e: e.attrs["value"])
         question = rng.choice(_RANKED_QUESTIONS[pair[0].kind][wanted]).format(a=pair[0].name, b=pair[1].name)
-        plan = [[ranked_step(world, pair[0], pair[1]), ranked_step(world, pair[1], pair[0])]]
+        as_named = i % 4 >= 2  # half searched and read as real questions are: bare names, sentences
+        plan = [[ranked_step(world, pair[0], pair[1], as_named), ranked_step(world, pair[1], pair[0], as_named)]]
         add("ranked", "comparison", question, pick.name, plan, k=2, depth=1)
     return out
 

@@ -452,25 +452,39 @@ def test_left_out_episodes_are_counted_by_reason(world, tokenizer):
 
 def test_a_rank_stated_without_a_value_is_read_from_the_other_passage_or_decides_by_itself():
     """v5 quoted "Mount Everest is the highest mountain on Earth" and K2's "8,611 metres ... after Mount Everest at
-    8,849 metres", then answered K2. The verdict reads the value where the other passage states it, and without
-    one, lets the rank decide over another entity of the same place."""
-    top = {"sub_question": "Mount Aro height", "finding": "the highest mountain in Velia", "superlative": True,
-           "place": "Velia", "stated_in": "Mount Bel", "value_there": "8,849 metres"}  # fmt: skip
-    second = {"sub_question": "Mount Bel height", "finding": "8,611 metres"}
+    8,849 metres", then answered K2. The verdict reads each value where a passage states it, the other entity's
+    included, and without one lets the rank decide over another entity of the same place."""
+    top = {"entity": "Mount Aro", "sub_question": "Mount Aro", "finding": "Mount Aro is the highest mountain in Velia",
+           "superlative": "the highest mountain in Velia", "place": "Velia", "stated_in": "Mount Bel",
+           "value_there": "8,849 metres"}  # fmt: skip
+    second = {"entity": "Mount Bel", "sub_question": "Mount Bel", "value": "8,611 metres",
+              "finding": "Mount Bel, at 8,611 metres, is the second-highest mountain in Velia, after Mount Aro at "
+              "8,849 metres"}  # fmt: skip
     assert ranked_verdict([top, second], "Mount Aro") == (
-        "Mount Bel's passage puts Mount Aro at 8,849 metres. The question asks for the largest. 8849 vs 8611: "
-        "after 8, 8 > 6, so 8849 is larger. The largest is 8,849 metres (Mount Aro)."
+        "The values read: Mount Aro: 8,849 metres, as Mount Bel's passage states; Mount Bel: 8,611 metres. The "
+        "question asks for the largest. 8849 vs 8611: after 8, 8 > 6, so 8849 is larger. The largest is 8,849 metres "
+        "(Mount Aro)."
     )
     assert ranked_verdict([second, top], "Mount Bel").endswith(
         "8611 vs 8849: after 8, 6 < 8, so 8611 is smaller. The smallest is 8,611 metres (Mount Bel)."
     )
     unstated = {k: v for k, v in top.items() if k not in ("stated_in", "value_there")}
-    third = {"sub_question": "Mount Cor height", "finding": "5,120 metres"}
+    third = {
+        "entity": "Mount Cor",
+        "sub_question": "Mount Cor height",
+        "finding": "5,120 metres",
+        "value": "5,120 metres",
+    }
     assert ranked_verdict([third, unstated], "Mount Cor") == (
-        "The question asks for the smallest. Mount Aro is the highest mountain in Velia, and Mount Cor is in Velia "
-        "too, so Mount Aro is the larger. The smallest is Mount Cor."
+        "The values read: Mount Cor: 5,120 metres; Mount Aro: no value stated, but it is the highest mountain in "
+        "Velia. The question asks for the smallest. Mount Aro is the highest mountain in Velia, and Mount Cor is in "
+        "Velia too, so Mount Aro is the larger. The smallest is Mount Cor."
     )
-    assert ranked_verdict([second, third], "Mount Bel") is None  # values on both sides: comparison_verdict's
+    assert ranked_verdict([dict(second, entity="Mount Dun"), second], "Mount Bel") is None  # a tie decides nothing
+    plain = [{k: v for k, v in s.items() if k != "entity"} for s in (second, third)]  # not a ranked pair
+    assert ranked_verdict(plain, "Mount Bel") is None
     q = GoldQuestion("r", "Which mountain is higher, Mount Aro or Mount Bel?", ["Mount Aro"], "comparison",
                      [[top, second]], "synthetic", "c")  # fmt: skip
-    assert "puts Mount Aro at 8,849 metres" in teacher_turns(q, "parallel", random.Random(0))[-1]
+    assert (
+        "Mount Aro: 8,849 metres, as Mount Bel's passage states" in teacher_turns(q, "parallel", random.Random(0))[-1]
+    )

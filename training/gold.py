@@ -574,29 +574,40 @@ def comparison_verdict(
 
 
 def ranked_verdict(steps: Sequence[dict[str, Any]], answer: str) -> str | None:
-    """The verdict of a comparison of two whose one passage states its entity's rank and not its value ("Mount
-    Everest is the highest mountain on Earth"): the value the other passage states for it ("K2 ... after Mount
-    Everest at 8,849 metres"), compared digit by digit; else the rank itself, which puts it above any other of
-    the place it names (``superlative`` and ``place``, ``stated_in`` and ``value_there``: ``ps_agent.synthetic
-    .ranked_step``). None for any other comparison."""
-    tops = [s for s in steps if s.get("superlative")]
-    if len(steps) != 2 or len(tops) != 1:
+    """The verdict of a ranked pair (``ps_agent.synthetic.ranked_step``): each value read, where it is stated,
+    including a value stated only in the other entity's passage ("K2 ... after Mount Everest at 8,849 metres") and
+    a rank stated without a value ("Mount Everest is the highest mountain on Earth"); then the two values compared
+    digit by digit, or without a value the rank, which puts its entity above any other of the place it names.
+    None for any other comparison."""
+    if len(steps) != 2 or not all("entity" in s for s in steps):
         return None
-    top, other = tops[0], steps[1 - steps.index(tops[0])]
-    top_name, other_name = (s["sub_question"].rsplit(" ", 1)[0] for s in (top, other))  # "Mount X height"
-    wanted = "largest" if _normalised(answer) == _normalised(top_name) else "smallest"
-    asks = f"The question asks for the {wanted}."
-    if not top.get("value_there"):
-        place = f"{top_name} is {top['finding']}, and {other_name} is in {top['place']} too"
-        return f"{asks} {place}, so {top_name} is the larger. The {wanted} is {answer}."
-    values = [_value(top["value_there"] if s is top else s["finding"]) for s in steps]
-    if None in values:
+    names = [s["entity"] for s in steps]
+    if answer not in names:
         return None
-    read = top["value_there"] if wanted == "largest" else other["finding"]
-    return (
-        f"{other_name}'s passage puts {top_name} at {top['value_there']}. {asks} "
-        f"{compare_two(values[0], values[1], wanted)} The {wanted} is {read} ({answer})."
-    )
+    reads = []
+    for step, other in zip(steps, steps[::-1], strict=True):
+        if "value" in step:
+            reads.append(f"{step['entity']}: {step['value']}")
+        elif "value_there" in step:
+            reads.append(f"{step['entity']}: {step['value_there']}, as {other['entity']}'s passage states")
+        else:
+            reads.append(f"{step['entity']}: no value stated, but it is {step['superlative']}")
+    stated = [step.get("value") or step.get("value_there") for step in steps]
+    values = [_value(v) for v in stated]
+    mine = names.index(answer)
+    if None not in values:
+        if values[0] == values[1]:
+            return None
+        wanted = "largest" if values[mine] == max(values) else "smallest"
+        decided = f"{compare_two(values[0], values[1], wanted)} The {wanted} is {stated[mine]} ({answer})."
+    else:
+        top, other = (steps[0], steps[1]) if values[0] is None else (steps[1], steps[0])
+        wanted = "largest" if top["entity"] == answer else "smallest"
+        decided = (
+            f"{top['entity']} is {top['superlative']}, and {other['entity']} is in {top['place']} too, so "
+            f"{top['entity']} is the larger. The {wanted} is {answer}."
+        )
+    return f"The values read: {'; '.join(reads)}. The question asks for the {wanted}. {decided}"
 
 
 def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
