@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
-QUESTION ?= Which mountain is higher, Mount Everest or K2?
+QUESTION ?= Which river is longer, the Niger River or the Paraná River?
 
 .PHONY: install browser demo test test-fast lint format studio bench clean
 
