@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from ps_agent.metrics import exact_match
+
+ROOT = Path(__file__).resolve().parents[1]
 PS_AGENT = shutil.which("ps-agent", path=str(Path(sys.executable).parent)) or "ps-agent"
 
 
@@ -17,12 +20,17 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_ask_json_on_embedded_defaults(qwen_path):
-    result = run("ask", "Which is older, the Eiffel Tower or the Statue of Liberty?", "--json", "--max-turns", "1")
+def test_make_demo_is_answered_right_by_the_embedded_defaults(qwen_path):
+    """The README's first screen: `make demo` asks its question through `ps-agent ask`, and the default policy
+    searches both rivers in one parallel round and answers right. An adapter that does not must change the demo,
+    and the README with it."""
+    question = re.search(r"^QUESTION \?= (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    result = run("ask", question, "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert set(out) == {"answer", "trajectory", "stats"}
-    assert out["stats"]["llm_calls"] == len(out["trajectory"]["llm_calls"]) <= 2
+    assert out["stats"]["llm_calls"] == len(out["trajectory"]["llm_calls"]) == 2
+    assert out["stats"]["decomposed"] and exact_match(out["answer"], ["Paraná River"]), (question, out["answer"])
 
 
 @pytest.mark.slow
