@@ -197,24 +197,23 @@ def ranked_text(e: Entity) -> str:
     a = e.attrs
     most, second, unit, verb, dated = _RANKED[e.kind]
     value, year = f"{a['value']:,} {unit}", dated.format(year=a["named"])
+    pick = sum(map(ord, e.name)) % 2  # as World.text picks a template
     if a["rank"] == 1:
         superlative = f"the {most} {e.kind} in {a['country']}"
         if stated_value(e):
             return f"{e.name} is {superlative}: it {verb.format(value=value)}. It was {year}."
-        return [f"{e.name} is {superlative}. It was {year}.", f"{e.name}, {year}, is {superlative}."][
-            sum(map(ord, e.name)) % 2
-        ]
+        return [f"{e.name} is {superlative}. It was {year}.", f"{e.name}, {year}, is {superlative}."][pick]
     if a["rank"] == 2:
         after = f"{a['after_value']:,} {unit}"
         return [
             f"{e.name}, at {value}, is the {second} {e.kind} in {a['country']}, after {a['after']} at {after}.",
             f"{e.name} is the {second} {e.kind} in {a['country']} ({value}), after {a['after']} ({after}). "
             f"It was {year}.",
-        ][sum(map(ord, e.name)) % 2]
+        ][pick]
     return [
         f"{e.name} is a {e.kind} in {a['country']} that {verb.format(value=value)}. It was {year}.",
         f"{year.capitalize()}, {e.name} {verb.format(value=value)} in {a['country']}.",
-    ][sum(map(ord, e.name)) % 2]
+    ][pick]
 
 
 def stated_value(e: Entity) -> bool:
@@ -226,7 +225,7 @@ def stated_value(e: Entity) -> bool:
 def ranked_step(world: World, e: Entity, other: Entity, as_named: bool = False) -> dict[str, Any]:
     """The plan step that reads a ranked entity's value for a comparison with ``other``: ``entity``, its own
     ``value`` when its passage states one; else the rank its passage states (``superlative``), the country both lie
-    in (``place``), and its value as ``other``'s passage states it (``stated_in``, ``value_there``), when it does.
+    in (``place``), and its value as ``other``'s passage states it (``value_there``), when it does.
     The search and the finding are ``X height`` and the value or rank read, or with ``as_named`` as real questions
     have them: the bare name, and the passage's sentence that states the value or rank."""
     most, _, unit, _, _ = _RANKED[e.kind]
@@ -236,7 +235,7 @@ def ranked_step(world: World, e: Entity, other: Entity, as_named: bool = False) 
     else:
         step |= {"superlative": f"the {most} {e.kind} in {e.attrs['country']}", "place": e.attrs["country"]}
         if other.attrs.get("after") == e.name:
-            step |= {"stated_in": other.name, "value_there": f"{e.attrs['value']:,} {unit}"}
+            step["value_there"] = f"{e.attrs['value']:,} {unit}"
     if as_named:  # every ranked passage states its value or rank in its first sentence
         return step | {"sub_question": e.name, "finding": ranked_text(e).split(". ")[0].rstrip(".")}
     noun = "height" if e.kind == "mountain" else "area"

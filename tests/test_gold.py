@@ -455,8 +455,7 @@ def test_a_rank_stated_without_a_value_is_read_from_the_other_passage_or_decides
     8,849 metres", then answered K2. The verdict reads each value where a passage states it, the other entity's
     included, and without one lets the rank decide over another entity of the same place."""
     top = {"entity": "Mount Aro", "sub_question": "Mount Aro", "finding": "Mount Aro is the highest mountain in Velia",
-           "superlative": "the highest mountain in Velia", "place": "Velia", "stated_in": "Mount Bel",
-           "value_there": "8,849 metres"}  # fmt: skip
+           "superlative": "the highest mountain in Velia", "place": "Velia", "value_there": "8,849 metres"}  # fmt: skip
     second = {"entity": "Mount Bel", "sub_question": "Mount Bel", "value": "8,611 metres",
               "finding": "Mount Bel, at 8,611 metres, is the second-highest mountain in Velia, after Mount Aro at "
               "8,849 metres"}  # fmt: skip
@@ -468,7 +467,7 @@ def test_a_rank_stated_without_a_value_is_read_from_the_other_passage_or_decides
     assert ranked_verdict([second, top], "Mount Bel").endswith(
         "8611 vs 8849: after 8, 6 < 8, so 8611 is smaller. The smallest is 8,611 metres (Mount Bel)."
     )
-    unstated = {k: v for k, v in top.items() if k not in ("stated_in", "value_there")}
+    unstated = {k: v for k, v in top.items() if k != "value_there"}
     third = {
         "entity": "Mount Cor",
         "sub_question": "Mount Cor height",
