@@ -92,6 +92,38 @@ def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.rando
     return out
 
 
+def yes_no_answers(name: str, records: list[dict[str, Any]]) -> list[dict]:
+    """Per dataset, the questions whose gold answer is yes or no, by gold answer and by what the policy answered:
+    a policy that answers yes to every one of them scores the share of yes golds, which EM alone does not show."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        gold = str(r["golden_answers"][0]).strip().lower() if r["golden_answers"] else ""
+        if gold not in ("yes", "no"):
+            continue
+        said = str(r["answer"] or "").strip().lower().rstrip(".")
+        row = out.setdefault(r["dataset"], {"policy": name, "dataset": r["dataset"], "yes": {}, "no": {}})
+        key = said if said in ("yes", "no") else "other"
+        row[gold][key] = row[gold].get(key, 0) + 1
+    return [out[d] for d in sorted(out)]
+
+
+def yes_no_markdown(table: list[dict]) -> str:
+    """The yes/no confusion section of the page (empty when no policy ran a yes/no question)."""
+    if not table:
+        return ""
+
+    def said(counts: dict[str, int]) -> str:
+        return f"{sum(counts.values())}: {counts.get('yes', 0)} / {counts.get('no', 0)} / {counts.get('other', 0)}"
+
+    lines = [f"| {r['policy']} | {r['dataset']} | {said(r['yes'])} | {said(r['no'])} |" for r in table]
+    head = (
+        "\n## Yes/no questions: what each policy answered\n\n"
+        "| policy | set | gold yes, n: answered yes / no / other | gold no, n: answered yes / no / other |\n"
+        "|---|---|---|---|\n"
+    )
+    return head + "\n".join(lines) + "\n"
+
+
 def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict[str, list[str]] | None = None) -> str:
     """The table page; ``errors``: per policy, the questions whose run ended in an error (left out of its rows)."""
     head = (
@@ -145,7 +177,7 @@ def main() -> None:
     names = set(args.sets.split(",")) if args.sets else None
     folder = args.run_dir / ("sets" if classes is None else f"sets-{'-'.join(sorted(classes))}")
     sets = {} if args.tables_only else validation_sets(folder, args.nq, classes, names)
-    runs, table, made, errors = [], [], {}, {}
+    runs, table, yes_no, made, errors = [], [], [], {}, {}
     rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
@@ -161,13 +193,14 @@ def main() -> None:
         table += [
             row | {"device": devices.get(row["dataset"], "?")} for row in rows(name, records, args.bootstrap, rng)
         ]
+        yes_no += yes_no_answers(name, records)
         runs.append(run)
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
     command = "python benchmarks/policy_table.py " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": command, "rows": table, "errors": errors}
+    result = {"command": command, "rows": table, "yes_no": yes_no, "errors": errors}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(table, command, made, errors))
+    args.out.with_suffix(".md").write_text(markdown(table, command, made, errors) + yes_no_markdown(yes_no))
     compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
     paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"))
 

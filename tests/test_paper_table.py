@@ -78,6 +78,13 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert paired["turns_ratio_ci"] == pytest.approx([2 / 3, 2 / 3])  # every question: 2 turns vs 3
     assert paired["em_diff_ci"][0] <= 25.0 <= paired["em_diff_ci"][1] <= 100.0
     assert "hotpotqa/sequential" not in result["ours_vs_baseline"]  # the baseline has no such line
+    assert result["ours_vs_baseline"]["every set/parallelisable"] | {"em_diff_ci": None, "turns_ratio_ci": None} == (
+        paired | {"em_diff_ci": None, "turns_ratio_ci": None}
+    )  # pooled over the sets both ran (here one): the same pairs
+    assert (
+        "every set/sequential" not in result["ours_vs_baseline"]
+        and "every set/single-hop" not in result["ours_vs_baseline"]
+    )
     assert set(result["by_dataset"]) == {"hotpotqa", "nq"} and "ours" not in result["by_dataset"]["nq"]
     text = out.with_suffix(".md").read_text()
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text

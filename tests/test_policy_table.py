@@ -48,6 +48,26 @@ def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
     assert "- p: hotpotqa q7: AgentError: run_timeout_s=600 reached" in page  # left out of the rows, not hidden
 
 
+def test_yes_no_questions_are_counted_by_gold_and_by_what_was_answered():
+    """A policy that answers yes to every yes/no question scores the share of yes golds: the section shows it."""
+    records = [
+        result(1.0, 1, True, "parallelisable") | {"golden_answers": ["yes"], "answer": "Yes"},
+        result(0.0, 1, True, "parallelisable") | {"golden_answers": ["no"], "answer": "yes"},
+        result(0.0, 1, True, "parallelisable") | {"golden_answers": ["no"], "answer": "Lake Worth Lagoon"},
+        result(1.0, 1, True, "parallelisable", "2wikimultihopqa") | {"golden_answers": ["No"], "answer": "no."},
+        result(1.0, 1, True, "parallelisable") | {"golden_answers": ["Elle"], "answer": "Elle"},  # not yes/no
+    ]
+    table = policy_table.yes_no_answers("p", records)
+    assert [(r["dataset"], r["yes"], r["no"]) for r in table] == [
+        ("2wikimultihopqa", {}, {"no": 1}),
+        ("hotpotqa", {"yes": 1}, {"yes": 1, "other": 1}),
+    ]
+    page = policy_table.yes_no_markdown(table)
+    assert "| p | hotpotqa | 1: 1 / 0 / 0 | 2: 1 / 0 / 1 |" in page
+    assert "| p | 2wikimultihopqa | 0: 0 / 0 / 0 | 1: 0 / 1 / 0 |" in page
+    assert policy_table.yes_no_markdown([]) == ""
+
+
 @pytest.mark.parametrize("bad", ["noequals", "x=qwen0.5b-parallelsearch", "x=spec:fast"])
 def test_a_bad_policy_argument_says_what_was_expected(bad):
     with pytest.raises(SystemExit, match="expected NAME=SPEC:MODE"):
