@@ -48,7 +48,8 @@ class Entity:
 
 class World:
     """Entities of a seed; ``passage(e)`` is the one passage that states an entity's facts. ``ranked``: add three
-    ranked mountains and lakes per country (``_ranked``), and with them the ranked question family."""
+    ranked mountains and lakes per country (``_ranked``), and with them the ranked question family; half of its
+    yes/no pairs are then searched by the bare names and read as the sentence that states the value compared."""
 
     def __init__(self, seed: int, entities: int, ranked: bool = False) -> None:
         if entities < 40:
@@ -100,6 +101,7 @@ class World:
         for city in self.cities:
             city.attrs["area"] = measures.randint(20, 2500)
             city.attrs["elevation"] = measures.randint(2, 3000)
+        self.ranked = ranked
         self.mountains = self._ranked("mountain", 2500, 8000) if ranked else []
         self.lakes = self._ranked("lake", 150, 9000) if ranked else []
         self.by_name = {e.name: e for e in self.entities}
@@ -240,6 +242,16 @@ def ranked_step(world: World, e: Entity, other: Entity, as_named: bool = False) 
         return step | {"sub_question": e.name, "finding": ranked_text(e).split(". ")[0].rstrip(".")}
     noun = "height" if e.kind == "mountain" else "area"
     return step | {"sub_question": f"{e.name} {noun}", "finding": step.get("value") or step["superlative"]}
+
+
+def yes_no_step(world: World, e: Entity, attr: str, noun: str, as_named: bool = False) -> dict[str, Any]:
+    """The plan step that reads the value a yes/no pair compares: searched as ``X occupation`` and read as the bare
+    value; or, ``as_named``, searched by the bare name and read as the passage's first sentence (which states the
+    value), the value kept beside it for the check the answer spells out."""
+    if as_named:
+        sentence = world.text(e).split(". ")[0].rstrip(".")
+        return {"sub_question": e.name, "passage_id": world.pid(e), "finding": sentence, "value": str(e.attrs[attr])}
+    return {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
 
 
 _RANKED_QUESTIONS = {
@@ -403,10 +415,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
             continue
         pair = [a, rng.choice(others)]
         rng.shuffle(pair)
-        plan = [[
-            {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
-            for e in pair
-        ]]  # fmt: skip
+        as_named = world.ranked and i % 4 >= 2  # half searched and read as real questions are
+        plan = [[yes_no_step(world, e, attr, noun, as_named) for e in pair]]
         value = rng.choice(pair).attrs[attr]  # a "both" question asks for one of the two values
         question = question_form.format(a=pair[0].name, b=pair[1].name, value=value)
         add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)

@@ -249,6 +249,18 @@ def test_a_yes_no_answer_follows_a_check_of_the_two_values():
     assert yes_no_verdict("Were A and B both composers?", quoted, "no") is None  # a sub-question the question lacks
 
 
+def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_sentence_states():
+    jobs = [{"sub_question": "Ab Cd", "finding": "Ab Cd (born 1801 in Tamsk) was a composer", "value": "composer"},
+            {"sub_question": "Ef Gh", "finding": "Ef Gh was an engineer", "value": "engineer"}]  # fmt: skip
+    assert yes_no_verdict("Were Ab Cd and Ef Gh both composers?", jobs, "no") == (
+        "The question asks whether both are composer. Ab Cd: composer; Ef Gh: engineer: not both composer."
+    )
+    assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "no").endswith(
+        "Ab Cd: composer; Ef Gh: engineer: different."
+    )
+    assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "yes") is None  # the check says no
+
+
 def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():
     """Issue 25: real yes/no comparisons quote sentences, not values, and the policy answered them all "yes";
     the check reads each sentence for the asked property or country, and is left out where it would not give

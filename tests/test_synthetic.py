@@ -139,6 +139,23 @@ def test_comparisons_ask_for_the_smallest_and_the_largest_in_varied_words_with_u
     assert any(s["finding"].endswith(" cm") for q in compared for s in q["plan"][0])
 
 
+def test_in_ranked_worlds_half_the_yes_no_pairs_are_searched_by_name_and_read_as_sentences(world, ranked_world):
+    """v5 answered "yes" to 22 of 24 real yes/no comparisons, whose searches are bare names and whose findings are
+    sentences; the synthetic ones were searched as ``X occupation`` and read as a bare value. Half of a ranked
+    world's are now read as real ones are, the value compared kept beside the sentence that states it."""
+    corpus, questions = ranked_world
+    passages = {json.loads(line)["id"]: json.loads(line)["contents"] for line in corpus.read_text().splitlines()}
+    yes_no = [q for q in questions if q["family"] == "yes-no"]
+    named = [q for q in yes_no if "value" in q["plan"][0][0]]
+    assert 0 < len(named) < len(yes_no) and {q["golden_answers"][0] for q in named} == {"yes", "no"}
+    for q in named:
+        for step in q["plan"][0]:
+            assert step["sub_question"] in q["question"] and step["finding"] in passages[step["passage_id"]]
+            assert step["value"] in step["finding"] and step["sub_question"] in step["finding"], step
+    _, plain = world
+    assert not any("value" in s for q in plain if q["family"] == "yes-no" for s in q["plan"][0])  # opt-in
+
+
 def test_ranked_pairs_state_a_value_as_a_rank_or_only_in_the_other_entitys_passage(tmp_path):
     """v5 answered "K2" to "Which mountain is higher, Mount Everest or K2?": Everest's summary calls it the highest
     mountain on Earth without a height, and K2's states both heights. Ranked pairs of mountains and lakes state

@@ -614,19 +614,23 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     """The check a think turn spells out before answering yes or no, when every finding is a short value
     (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
     each is the value the question names (``Were A and B both composers?``): ``The question asks whether both
-    are composer. composer and engineer: not both composer.`` When a finding is a quoted sentence, the check
-    reads the sentences (``yes_no_reading``). None when the findings are dates, when the question names none of
-    the values, or when the check does not give ``answer``."""
+    are composer. composer and engineer: not both composer.`` Steps that quote a sentence and carry its ``value``
+    name each entity with it (``A: composer; B: engineer: not both composer.``); when a finding is a quoted
+    sentence alone, the check reads the sentences (``yes_no_reading``). None when the findings are dates, when the
+    question names none of the values, or when the check does not give ``answer``."""
     if answer.lower() not in ("yes", "no"):
         return None
-    values = [s.get("finding") or "" for s in steps]
+    named = all("value" in s for s in steps)  # read as a sentence, its value known (``ps_agent.synthetic``)
+    values = [s["value"] if named else s.get("finding") or "" for s in steps]
     if any(not v for v in values):
         return None
     if any(len(v.split()) > 3 for v in values):
         return yes_no_reading(question, steps, answer)
     if any(re.search(r"\d", v) for v in values):
         return None
-    listed = _and(values)
+    listed = (
+        "; ".join(f"{s['sub_question']}: {v}" for s, v in zip(steps, values, strict=True)) if named else _and(values)
+    )
     if re.search(r"\bsame\b", question, re.IGNORECASE):
         yes = len({_normalised(v) for v in values}) == 1
         check = f"The question asks whether they are the same. {listed}: {'the same' if yes else 'different'}."
