@@ -887,8 +887,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--ranked",
         action="store_true",
-        help="worlds with ranked mountains and lakes: a value stated as a rank, or "
-        "only in the other entity's passage (measured in docs/results.md, 2026-11-27: not in the shipped gold)",
+        help="the worlds of the next retrain: ranked mountains and lakes (a value stated as a rank, or only in the "
+        "other entity's passage), and half the ranked and yes/no pairs searched by bare names and read as sentences "
+        "(docs/results.md, 2026-11-27 and 2026-11-28: not in the shipped gold)",
     )
     parser.add_argument(
         "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
