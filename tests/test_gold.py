@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections import Counter
 
 import pytest
 
@@ -18,6 +19,7 @@ from training.gold import (
     WORLD_ENTITIES,
     WORLD_PER_FAMILY,
     GoldQuestion,
+    GoldSet,
     TeacherPolicy,
     asked_date,
     build_episodes,
@@ -31,6 +33,7 @@ from training.gold import (
     restore_corpora,
     sft_example,
     shared_questions,
+    summary,
     teacher_turns,
     yes_no_verdict,
 )
@@ -259,6 +262,26 @@ def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_se
         "Ab Cd: composer; Ef Gh: engineer: different."
     )
     assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "yes") is None  # the check says no
+
+
+def test_the_summary_counts_real_yes_no_episodes_by_answer_and_by_whether_they_spell_out_a_check():
+    bands = [{"sub_question": "Muzzle (band)", "finding": "Muzzle is an alternative rock band formed in 1994"},
+             {"sub_question": "Screaming Trees", "finding": "Screaming Trees was an American rock band"}]  # fmt: skip
+    asked = "Are Muzzle and Screaming Trees both alternative rock bands?"
+    questions = [
+        GoldQuestion("checked", asked, ["no"], "comparison", [bands], "hotpotqa", "c"),
+        GoldQuestion("unchecked", asked, ["yes"], "comparison", [bands], "hotpotqa", "c"),  # the reading says no
+        GoldQuestion("dropped", asked, ["yes"], "comparison", [bands], "hotpotqa", "c"),  # no episode was kept
+        GoldQuestion("named", "Which is older?", ["Muzzle"], "comparison", [bands], "hotpotqa", "c"),
+        GoldQuestion("synthetic", "Are A and B both x?", ["no"], "comparison", [bands], "synthetic", "c"),
+    ]
+    episodes = [
+        {"id": i, "source": q.source, "question_class": "parallelisable", "prompt_ids": [1], "completion_ids": [2],
+         "env_mask": [1]}
+        for i, q in ((q.id, q) for q in questions if q.id != "dropped")
+    ]  # fmt: skip
+    report = summary(GoldSet(questions), episodes, Counter(), len(episodes))
+    assert report["real_yes_no"] == {"yes": 1, "no": 1, "with_check": 1}
 
 
 def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():

@@ -934,8 +934,19 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
     """What was built and kept, by source and class, and what was left out, by reason. ``built`` counts the
     episodes before any cap; ``gold_retrieved_fraction`` is the share of the episodes that ran whose every
     gold passage was retrieved; ``real_comparison_values_read`` counts the compared entities of the shared sets
-    whose passage gave a date to quote, and those where a sentence sharing the question's words was added."""
+    whose passage gave a date to quote, and those where a sentence sharing the question's words was added;
+    ``real_yes_no`` counts the kept episodes of the shared sets answered yes and no, and those whose answer turn
+    spells out a check (a policy taught mostly unchecked yeses learns to say yes)."""
     planned = len(gold.questions)
+    by_id = {q.id: q for q in gold.questions}
+    real_yes_no: Counter = Counter({"yes": 0, "no": 0, "with_check": 0})
+    for q in (by_id[e["id"]] for e in episodes if e["source"] != "synthetic"):
+        answer = q.golden_answers[0]
+        if answer.lower() in ("yes", "no"):
+            real_yes_no[answer.lower()] += 1
+            real_yes_no["with_check"] += (
+                len(q.plan[-1]) > 1 and yes_no_verdict(q.question, q.plan[-1], answer) is not None
+            )
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
         s
@@ -960,6 +971,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
             "asked_sentence": sum(bool(s.get("asked_sentence")) for s in compared),
             "entities": len(compared),
         },
+        "real_yes_no": dict(real_yes_no),
         "skipped_without_plan": dict(gold.skipped),
         "skipped_episodes": dict(skipped),
     }
