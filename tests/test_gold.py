@@ -264,6 +264,21 @@ def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_se
     assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "yes") is None  # the check says no
 
 
+def test_every_yes_no_pair_read_as_sentences_in_a_ranked_world_gets_its_check(tmp_path):
+    """The gold of the next retrain (``gold.py --ranked``): each answer turn of a yes/no pair searched by the bare
+    names spells out its check, naming both entities, and the check gives the gold answer."""
+    _, path = generate(seed=7, entities=150, out=tmp_path, ranked=True)
+    yes_no = [q for q in map(json.loads, path.read_text().splitlines()) if q["family"] == "yes-no"]
+    named = [q for q in yes_no if "value" in q["plan"][0][0]]
+    assert named
+    for q in named:
+        gold = GoldQuestion(q["id"], q["question"], q["golden_answers"], q["type"], q["plan"], "synthetic", "c")
+        last = teacher_turns(gold, "parallel", random.Random(0))[-1]
+        a, b = (s["sub_question"] for s in q["plan"][0])
+        assert "The question asks whether" in last and f"{a}: " in last and f"; {b}: " in last, last
+        assert last.endswith(f"<answer> {q['golden_answers'][0]} </answer>"), last
+
+
 def test_the_summary_counts_real_yes_no_episodes_by_answer_and_by_whether_they_spell_out_a_check():
     bands = [{"sub_question": "Muzzle (band)", "finding": "Muzzle is an alternative rock band formed in 1994"},
              {"sub_question": "Screaming Trees", "finding": "Screaming Trees was an American rock band"}]  # fmt: skip
@@ -276,9 +291,9 @@ def test_the_summary_counts_real_yes_no_episodes_by_answer_and_by_whether_they_s
         GoldQuestion("synthetic", "Are A and B both x?", ["no"], "comparison", [bands], "synthetic", "c"),
     ]
     episodes = [
-        {"id": i, "source": q.source, "question_class": "parallelisable", "prompt_ids": [1], "completion_ids": [2],
+        {"id": q.id, "source": q.source, "question_class": "parallelisable", "prompt_ids": [1], "completion_ids": [2],
          "env_mask": [1]}
-        for i, q in ((q.id, q) for q in questions if q.id != "dropped")
+        for q in questions if q.id != "dropped"
     ]  # fmt: skip
     report = summary(GoldSet(questions), episodes, Counter(), len(episodes))
     assert report["real_yes_no"] == {"yes": 1, "no": 1, "with_check": 1}
