@@ -176,6 +176,11 @@ class World:
             f"First released in {a['year']}, {e.name} is a {a['kind']} created by {a['creator']}.",
         ][pick]
 
+    def first_sentence(self, e: Entity) -> str:
+        """The first sentence of an entity's passage (without its full stop): where every template states the
+        values a yes/no or ranked pair compares, and what a step read as real questions are quotes."""
+        return self.text(e).split(". ")[0].rstrip(".")
+
     def pid(self, e: Entity) -> str:
         return passage_id(e.title, self.text(e))
 
@@ -239,7 +244,7 @@ def ranked_step(world: World, e: Entity, other: Entity, as_named: bool = False) 
         if other.attrs.get("after") == e.name:
             step["value_there"] = f"{e.attrs['value']:,} {unit}"
     if as_named:  # every ranked passage states its value or rank in its first sentence
-        return step | {"sub_question": e.name, "finding": ranked_text(e).split(". ")[0].rstrip(".")}
+        return step | {"sub_question": e.name, "finding": world.first_sentence(e)}
     noun = "height" if e.kind == "mountain" else "area"
     return step | {"sub_question": f"{e.name} {noun}", "finding": step.get("value") or step["superlative"]}
 
@@ -249,8 +254,8 @@ def yes_no_step(world: World, e: Entity, attr: str, noun: str, as_named: bool = 
     value; or, ``as_named``, searched by the bare name and read as the passage's first sentence (which states the
     value), the value kept beside it for the check the answer spells out."""
     if as_named:
-        sentence = world.text(e).split(". ")[0].rstrip(".")
-        return {"sub_question": e.name, "passage_id": world.pid(e), "finding": sentence, "value": str(e.attrs[attr])}
+        step = {"sub_question": e.name, "passage_id": world.pid(e), "finding": world.first_sentence(e)}
+        return step | {"value": str(e.attrs[attr])}
     return {"sub_question": f"{e.name} {noun}", "passage_id": world.pid(e), "finding": str(e.attrs[attr])}
 
 

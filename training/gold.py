@@ -459,23 +459,31 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
         previous = steps
     found = _found(q.plan[-1])  # the last round holds what the answer is read from
     answer = q.golden_answers[0]
-    verdict = None
-    if len(q.plan[-1]) > 1:
-        # a hybrid may ask for where each chain started ("Which film has the director born first?"): the first
-        # round names what each value belongs to, where each of its findings leads to the entity searched next
-        starts = _chain_starts(q.plan)
-        verdict = (
-            ranked_verdict(q.plan[-1], answer)
-            or comparison_verdict(q.question, q.plan[-1], answer)
-            or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
-            or yes_no_verdict(q.question, q.plan[-1], answer)
-        )
+    verdict = answer_verdict(q)
     if verdict:
         think = f"{rng.choice(_READ).format(found=found)} {verdict} So the answer is {answer}."
     else:
         think = rng.choice(_ANSWER[found is not None]).format(found=found, answer=answer)
     turns.append(f"<think> {think} </think>\n{render_answer(answer)}")
     return turns
+
+
+def answer_verdict(q: GoldQuestion) -> str | None:
+    """The check the answer turn spells out before answering (a comparison, a ranked pair, a yes/no), or None
+    where the last round reads one entity or no check gives the gold answer."""
+    if len(q.plan[-1]) < 2:
+        return None
+    answer = q.golden_answers[0]
+    # a hybrid may ask for where each chain started ("Which film has the director born first?"): the first round
+    # names what each value belongs to, where each of its findings leads to the entity searched next
+    starts = _chain_starts(q.plan)
+    return (
+        ranked_verdict(q.plan[-1], answer)
+        or comparison_verdict(q.question, q.plan[-1], answer)
+        or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
+        or yes_no_verdict(q.question, q.plan[-1], answer)
+        or None
+    )
 
 
 def _chain_starts(plan: Sequence[Sequence[dict[str, Any]]]) -> list[str] | None:
@@ -944,9 +952,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         answer = q.golden_answers[0]
         if answer.lower() in ("yes", "no"):
             real_yes_no[answer.lower()] += 1
-            real_yes_no["with_check"] += (
-                len(q.plan[-1]) > 1 and yes_no_verdict(q.question, q.plan[-1], answer) is not None
-            )
+            real_yes_no["with_check"] += answer_verdict(q) is not None
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
         s
