@@ -253,8 +253,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    args, config = parse(argv)
+    # before parse, which says the CPU's precision once
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, config = parse(argv)
+    logger.info("training in %s", "bfloat16 autocast" if config.bf16 else "float32")
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a non-interactive shell's `... &`: Ctrl-C cannot stop it
         logger.warning("this process ignores SIGINT (started in the background): stop it with `kill %d`", os.getpid())
 

@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
-    args, config = parse(argv)
+    # before parse, which says the CPU's precision once
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, config = parse(argv)
     logger.info("training in %s", "bfloat16 autocast" if config.bf16 else "float32")
 
     path = model_path(args.model_name_or_path)
