@@ -978,3 +978,42 @@ def test_hf_rollouts_generate_in_the_precision_the_run_trains_in(tiny_model, bf1
     model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     policy.generate([tokenizer("Who?").input_ids], stop=["</answer>"], max_tokens=2)
     assert seen and set(seen) == {torch.bfloat16 if bf16 else torch.float32}
+
+
+def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_agent_loads_it(smollm2_path, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from training.export_adapter import main as export
+    from training.run_grpo import trainable_adapter
+
+    shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch"
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    fp32 = {k: t.float() + 1e-3 for k, t in load_file(shipped / "adapter_model.safetensors").items()}
+    save_file(fp32, checkpoint / "adapter_model.safetensors")  # as the Trainer saves it: float32
+    shutil.copy2(shipped / "adapter_config.json", checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3, "log_history": []}))
+    (checkpoint / "optimizer.pt").write_bytes(b"\0" * 1000)
+
+    out = export([str(checkpoint), str(tmp_path / "step-3-bf16")])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "trainer_state.json",
+    ]
+    exported = load_file(out / "adapter_model.safetensors")
+    assert exported.keys() == fp32.keys() and {t.dtype for t in exported.values()} == {torch.bfloat16}
+    assert all(exported[k].equal(fp32[k].to(torch.bfloat16)) for k in fp32)
+    model = trainable_adapter(str(out), str(smollm2_path))  # what --init_adapter and hf:OUT load
+    name = next(k for k in fp32 if "q_proj.lora_B" in k)
+    assert (
+        dict(model.named_parameters())[name.replace(".weight", ".default.weight")].float().equal(exported[name].float())
+    )
+
+    with pytest.raises(SystemExit, match=r"step-3-bf16 already exists"):
+        export([str(checkpoint), str(out)])
+    (checkpoint / "trainer_state.json").unlink()  # cut off mid-save
+    with pytest.raises(SystemExit, match=r"checkpoint-3: .*holds no trainer_state\.json"):
+        export([str(checkpoint), str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()
