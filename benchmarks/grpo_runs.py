@@ -1,6 +1,6 @@
 """Curves of GRPO runs from their logs: rewards by component, dead groups before and after dynamic sampling,
-rollout time, per optimizer step; each run's pace (steps per hour, rollouts' share); and what splitting earned
-within a group, by question class.
+split shares, over- and under-search rates, think length and rollout time, per optimizer step; each run's pace
+(steps per hour, rollouts' share); and what splitting earned within a group, by question class.
 
     python benchmarks/grpo_runs.py --run grpo-parallel=runs/grpo-parallel --run grpo-sequential=runs/grpo-sequential
 
@@ -35,6 +35,9 @@ KEYS = {
     "decomposed_parallelisable": "rollout/decomposed_frac/parallelisable",
     "decomposed_sequential": "rollout/decomposed_frac/sequential",
     "format_valid": "rollout/format_valid_frac",
+    "over_search": "rollout/over_search_frac",  # more search rounds than the question's class needs (HiPRAG)
+    "under_search": "rollout/under_search_frac",  # fewer
+    "think_words": "rollout/think_words",
     "rollout_s": "rollout/seconds",
     "rollout_tokens_per_s": "rollout/kept_tokens_per_s",
     "step_time_s": "step_time",
@@ -99,8 +102,8 @@ def main() -> None:
         lines.append(f"| {name} | {cells} |")
     lines.append("")
     cols = ["step", "reward", "outcome", "decomposition", "search_count", "format", "dead_groups_before",
-            "dead_groups_after", "decomposed_parallelisable", "decomposed_sequential", "rollout_s",
-            "step_time_s"]  # fmt: skip
+            "dead_groups_after", "decomposed_parallelisable", "decomposed_sequential", "over_search",
+            "under_search", "think_words", "rollout_s", "step_time_s"]  # fmt: skip
     if any(row["teacher_kl"] is not None for run in runs.values() for row in run["steps"]):
         cols += ["teacher_kl", "teacher_guided"]
     for name, run in runs.items():
