@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 from training.checkpoints import incomplete  # noqa: E402
 
 ADAPTER = "adapter_model.safetensors"
-#: what an exported folder keeps besides the weights, where the checkpoint has it
-KEPT = ("adapter_config.json", "trainer_state.json", "README.md")
+#: what an exported folder keeps besides the weights (not the model card PEFT writes, a blank template)
+KEPT = ("adapter_config.json", "trainer_state.json")
 
 
 def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
