@@ -41,6 +41,7 @@ KEYS = {
     "rollout_s": "rollout/seconds",
     "rollout_tokens_per_s": "rollout/kept_tokens_per_s",
     "step_time_s": "step_time",
+    "kl": "kl",  # with --beta: KL to the reference (for an --init_adapter run, the initial adapter)
     "teacher_kl": "teacher/kl",  # with --teacher (DGPO): KL to the teacher on the guided rollouts' tokens
     "teacher_guided": "teacher/guided_frac",
 }
@@ -104,8 +105,9 @@ def main() -> None:
     cols = ["step", "reward", "outcome", "decomposition", "search_count", "format", "dead_groups_before",
             "dead_groups_after", "decomposed_parallelisable", "decomposed_sequential", "over_search",
             "under_search", "think_words", "rollout_s", "step_time_s"]  # fmt: skip
-    if any(row["teacher_kl"] is not None for run in runs.values() for row in run["steps"]):
-        cols += ["teacher_kl", "teacher_guided"]
+    for logged in (["kl"], ["teacher_kl", "teacher_guided"]):  # only where some run has the term
+        if any(row[logged[0]] is not None for run in runs.values() for row in run["steps"]):
+            cols += logged
     for name, run in runs.items():
         lines += [f"## {name} ({run['checkpoint']})\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for row in run["steps"]:
