@@ -1017,3 +1017,9 @@ def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_
     with pytest.raises(SystemExit, match=r"checkpoint-3: .*holds no trainer_state\.json"):
         export([str(checkpoint), str(tmp_path / "other")])
     assert not (tmp_path / "other").exists()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 3, "log_history": []}))
+    fp32[name][0, 0] = torch.nan  # a diverged run's last checkpoint
+    save_file(fp32, checkpoint / "adapter_model.safetensors")
+    with pytest.raises(FloatingPointError, match=r"1 of its \d+ tensors hold NaN or inf \(first: .*q_proj\.lora_B"):
+        export([str(checkpoint), str(tmp_path / "diverged")])
+    assert not (tmp_path / "diverged").exists()

@@ -51,6 +51,24 @@ def check_same_episodes(checkpoint: str | Path, record: dict[str, str]) -> None:
         )
 
 
+def save_adapter_weights(tensors: dict, out: Path, dtype) -> Path:
+    """Write adapter ``tensors`` to ``out/adapter_model.safetensors``, each floating-point one cast to ``dtype``;
+    weights that hold a NaN or an infinity are refused before anything is written (a diverged run's adapter would
+    load, and answer nothing)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v for k, v in tensors.items()}
+    nonfinite = [k for k, v in state.items() if not v.isfinite().all()]
+    if nonfinite:
+        raise FloatingPointError(
+            f"not saving the adapter to {out}: {len(nonfinite)} of its {len(state)} tensors hold NaN or inf "
+            f"(first: {nonfinite[0]}); expected finite weights: resume from a checkpoint before the run diverged"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / WEIGHTS[0], metadata={"format": "pt"})
+    return out / WEIGHTS[0]
+
+
 def incomplete(folder: Path) -> str | None:
     """Why ``folder`` is not a checkpoint to resume from, or None when it is whole."""
     try:

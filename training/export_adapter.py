@@ -17,18 +17,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.checkpoints import incomplete  # noqa: E402
+from training.checkpoints import WEIGHTS, incomplete, save_adapter_weights  # noqa: E402
 
-ADAPTER = "adapter_model.safetensors"
+ADAPTER = WEIGHTS[0]
 #: what an exported folder keeps besides the weights (not the model card PEFT writes, a blank template)
 KEPT = ("adapter_config.json", "trainer_state.json")
 
 
 def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     """Write ``checkpoint``'s adapter to ``out``, its floating-point tensors cast to bfloat16; a checkpoint cut off
-    mid-save, one that holds no LoRA adapter, or an ``out`` that already exists is refused with the reason."""
+    mid-save, one that holds no LoRA adapter, one whose weights hold NaN or inf, or an ``out`` that already exists
+    is refused with the reason."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     checkpoint, out = Path(checkpoint), Path(out)
     problem = incomplete(checkpoint)
@@ -41,13 +42,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         )
     if out.exists():
         raise SystemExit(f"{out} already exists: name a new folder, or remove it first")
-    tensors = load_file(checkpoint / ADAPTER)
-    out.mkdir(parents=True)
-    save_file(
-        {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()},
-        out / ADAPTER,
-        metadata={"format": "pt"},
-    )
+    save_adapter_weights(load_file(checkpoint / ADAPTER), out, torch.bfloat16)
     for name in KEPT:
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)

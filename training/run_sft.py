@@ -34,7 +34,13 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
-from training.checkpoints import EPISODES, check_same_episodes, episodes_record, resume_checkpoint
+from training.checkpoints import (
+    EPISODES,
+    check_same_episodes,
+    episodes_record,
+    resume_checkpoint,
+    save_adapter_weights,
+)
 from training.gold import sft_example
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.trained_positions import next_token_loss
@@ -253,20 +259,11 @@ def save_adapter(model, out: Path, dtype, base: str) -> None:
     """Save a PEFT adapter with its weights in ``dtype`` (bfloat16 halves the file; loading upcasts) and
     ``base`` as its base model (what ``ps_agent.llms.load_adapter_model`` checks)."""
     from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
 
-    state = {k: v.detach().to(dtype).contiguous() for k, v in get_peft_model_state_dict(model).items()}
-    nonfinite = [k for k, v in state.items() if not v.isfinite().all()]
-    if nonfinite:
-        raise FloatingPointError(
-            f"not saving the adapter to {out}: {len(nonfinite)} of its {len(state)} tensors hold NaN or inf "
-            f"(first: {nonfinite[0]}); expected finite weights: resume from a checkpoint before the run diverged"
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    save_adapter_weights(get_peft_model_state_dict(model), out, dtype)
     config = model.peft_config["default"]
     config.base_model_name_or_path = str(base)
     config.save_pretrained(out)
-    save_file(state, out / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
 def _token_counts(rows: list[dict[str, list[int]]]) -> tuple[int, int]:
