@@ -4,23 +4,25 @@
         [--micro-batch N] [--max-new-tokens 128] [--variants hf,vllm-cpu] [--name grpo_backends]
 
 Every variant runs ``training/run_grpo.py`` from the shipped SFT adapter of ``--base`` (an embedded base:
-``smollm2`` or ``qwen0.5b``, the default policy's) on the same questions (a synthetic train
-world: every row searches its own corpus), with the same seed and settings, in its own process. A variant is a
-backend (``hf`` or ``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns
-it on for GRPO), ``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX /
-AVX512-BF16, where run_grpo.py picks it anyway), ``+fp32`` (float32 where it would pick bf16) and
-``+trl-head`` (TRL's fused LM head, which on a CPU projects every position, for run_grpo.py's own on the sampled
-tokens), ``+no-trim`` (each micro-batch at the width of the step's longest episode, as TRL pads it, where
-run_grpo.py cuts it to its own: ``training.trained_positions.trim_padding``) and ``+mb1`` (one episode a
-micro-batch, instead of ``--micro-batch``); the vllm-cpu server is float32 either way. A step is timed from the
+``smollm2`` or ``qwen0.5b``, the default policy's) on the same questions (a synthetic train world: every row
+searches its own corpus), with the same seed and settings, in its own process. A variant is a backend (``hf`` or
+``vllm-cpu``) with optional trainer changes: ``+no-gc`` (no gradient checkpointing: TRL turns it on for GRPO),
+``+bf16`` (bf16 autocast, worth it only where the CPU computes bf16 natively, AMX / AVX512-BF16, where run_grpo.py
+picks it anyway), ``+fp32`` (float32 where it would pick bf16), ``+trl-head`` (TRL's fused LM head, which on a CPU
+projects every position, for run_grpo.py's own on the sampled tokens), ``+no-trim`` (each micro-batch at the width
+of the step's longest episode, as TRL pads it, where run_grpo.py cuts it to its own:
+``training.trained_positions.trim_padding``), ``+mb1`` (one episode a micro-batch, instead of ``--micro-batch``),
+``+kl`` (``--beta 0.5``: a KL term to the SFT adapter, whose log-probabilities run_grpo.py reads in the loss on the
+sampled tokens only) and ``+trl-ref`` (with ``+kl``: TRL's reference pass instead, every position of the padded
+generation batch through the full vocabulary); the vllm-cpu server is float32 either way. A step is timed from the
 trainer's step begin to its end (rollouts, rewards, forward and backward, optimizer); the first step is reported
-apart (the vllm-cpu server's start is outside every step and reported on its own). The loss's decoder positions
-are every position its forward passes ran over, padding included, beside the real tokens among them. Rollout
-speed is TRL's logged ``rollout/kept_tokens_per_s``: sampled tokens per second of rollout time. Memory is the
-trainer process's peak RSS (the server's is apart). Speed-ups are against the first variant. A step's rollouts
-(questions x generations) are trained in micro-batches of ``--micro-batch`` episodes (default: all at once). A
-variant whose process dies (the kernel's OOM killer: without gradient checkpointing 8 episodes at once took over
-20 GB here) is reported as such and the others still run.
+apart (the vllm-cpu server's start is outside every step and reported on its own). The loss's decoder positions are
+every position its forward passes ran over (the reference's too, with ``+kl``), padding included, beside the real
+tokens among them. Rollout speed is TRL's logged ``rollout/kept_tokens_per_s``: sampled tokens per second of rollout
+time. Memory is the trainer process's peak RSS (the server's is apart). Speed-ups are against the first variant. A
+step's rollouts (questions x generations) are trained in micro-batches of ``--micro-batch`` episodes (default: all
+at once). A variant whose process dies (the kernel's OOM killer: without gradient checkpointing 8 episodes at once
+took over 20 GB here) is reported as such and the others still run.
 Writes ``benchmarks/results/NAME.{json,md}``.
 """
 
@@ -57,6 +59,8 @@ MODIFIERS = {
     "trl-head": ["--lm_head", "trl"],
     "no-trim": [],  # in run(): each micro-batch at the generation batch's width, as TRL hands it
     "mb1": [],  # in run(): one episode a micro-batch
+    "kl": ["--beta", "0.5"],
+    "trl-ref": [],  # in run(): TRL's reference pass over the padded generation batch
 }
 
 
@@ -83,6 +87,8 @@ def variant_flags(variant: str) -> list[str]:
     if backend not in BACKENDS or any(m not in MODIFIERS for m in modifiers):
         raise SystemExit(f"variant {variant!r}: expected BACKEND[+MODIFIER...], BACKEND one of {', '.join(BACKENDS)}"
                          f", MODIFIER one of {', '.join(MODIFIERS)}")  # fmt: skip
+    if "trl-ref" in modifiers and "kl" not in modifiers:
+        raise SystemExit(f"variant {variant!r}: +trl-ref changes the KL term's reference pass: add +kl")
     return ["--backend", backend, *(flag for m in modifiers for flag in MODIFIERS[m])]
 
 
@@ -93,6 +99,19 @@ def run(variant: str, data: Path, corpus: Path, out: Path, args: argparse.Namesp
     modifiers = variant.split("+")[1:]
     if "no-trim" in modifiers:  # this variant's own process: the trainer keeps TRL's padding
         trained_positions.trim_padding = lambda inputs: inputs
+    if "trl-ref" in modifiers:
+        lean = run_grpo.grpo_trainer_class
+
+        def with_trls_reference():
+            from trl import GRPOTrainer
+
+            class TRLReference(lean()):
+                def _generate_and_score_completions(self, inputs):  # TRL's, reference pass included
+                    return GRPOTrainer._generate_and_score_completions(self, inputs)
+
+            return TRLReference
+
+        run_grpo.grpo_trainer_class = with_trls_reference
     decoded = {"positions": 0, "tokens": 0}  # what the loss's decoder ran over: every position, and the real ones
     scored_logits = trained_positions.scored_logits
 

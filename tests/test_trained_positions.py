@@ -171,3 +171,47 @@ def test_a_real_grpo_step_runs_the_decoder_over_each_episode_at_its_own_length(t
     assert len(own) == 4 and len(set(own)) > 1, f"episodes of {own} tokens: the trimming goes untested"
     assert seen == own
     assert min(padded) == max(padded) > min(own)  # TRL handed each episode at the step's widest
+
+
+@pytest.mark.parametrize("lm_head", ["scored", "trl"])
+def test_a_real_grpo_step_with_a_kl_term_scores_the_reference_on_the_sampled_tokens_in_the_loss(
+    tiny_model, tmp_path, monkeypatch, lm_head
+):
+    """run_grpo.main with ``--beta`` from an initial adapter that is not zero: with ``--lm_head scored`` TRL's
+    reference pass over the whole padded generation batch never runs; the loss projects the sampled tokens twice
+    (policy, then reference: the frozen copy of the initial adapter, so before the first update the KL is 0).
+    ``--lm_head trl`` runs TRL's pass, which the test sees."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    torch.manual_seed(0)
+    adapter = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"),
+    )
+    adapter.save_pretrained(tmp_path / "init")
+    trl_passes, projected, sampled = [], [], []
+    trls = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def counted(self, model, input_ids, *args, **kwargs):
+        trl_passes.append(input_ids.shape)
+        return trls(self, model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+
+    def count(model, inputs):
+        sampled.append(int((inputs["completion_mask"] * inputs["tool_mask"]).sum()))
+        head = model.get_output_embeddings()
+        return head.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
+
+    flags = ["--num_generations", "2", "--per_device_train_batch_size", "2", "--lm_head", lm_head,
+             "--init_adapter", str(tmp_path / "init"), "--beta", "0.1", "--save_steps", "1"]  # fmt: skip
+    grpo_step_watched(tmp_path, monkeypatch, tiny_model, [EVEREST], flags, count)
+    logged = json.loads((tmp_path / "run" / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+    if lm_head == "scored":
+        assert trl_passes == [] and sum(projected) == 2 * sum(sampled) > 0
+        assert logged["kl"] == pytest.approx(0.0, abs=1e-7)
+    else:
+        assert len(trl_passes) >= 2  # the reference's pass before the loss, and the policy's in it
+        assert sum(projected) == 0

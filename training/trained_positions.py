@@ -116,22 +116,69 @@ def grpo_trainer_class():
     """``GRPOTrainer`` whose loss reads log-probabilities from :func:`token_logps_and_entropies` on the positions
     TRL's own loss keeps (``completion_mask × tool_mask``: the sampled tokens, not the observations or padding).
 
-    TRL's own computation still runs wherever these would not match it: log-probs without a loss mask (the
-    reference or old policy's), vision inputs, MoE auxiliary losses, ``cast_lm_head_to_fp32``, a model whose
-    logits are scaled or capped, and several processes (the decoder is called past DDP's wrapper)."""
+    With ``beta`` (a KL term), the reference's log-probabilities are read the same way, per micro-batch in the loss
+    and on the same positions, where TRL scores every position of the whole padded generation batch through the
+    full vocabulary before the first micro-batch. The KL reads them on those positions only, so it is unchanged;
+    in the step before the first update policy and reference are one computation, and the KL is exactly 0.
+
+    TRL's own computation still runs wherever these would not match it: the old policy's log-probs, vision inputs,
+    MoE auxiliary losses, ``cast_lm_head_to_fp32``, a model whose logits are scaled or capped, and several
+    processes (the decoder is called past DDP's wrapper)."""
+    from contextlib import nullcontext
+
     from trl import GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import use_adapter
 
     class ScoredPositionsGRPOTrainer(GRPOTrainer):
         _scored: torch.Tensor | None = None
+
+        def _scores_here(self) -> bool:
+            return (
+                not self.args.cast_lm_head_to_fp32 and self.accelerator.num_processes == 1 and plain_lm_head(self.model)
+            )
+
+        def _generate_and_score_completions(self, inputs):
+            if self.beta == 0.0 or not self._scores_here():
+                return super()._generate_and_score_completions(inputs)
+            beta, self.beta = self.beta, 0.0  # TRL's reference pass is skipped: _compute_loss scores it
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.beta = beta
 
         def _compute_loss(self, model, inputs):
             inputs = trim_padding(inputs)
             mask = inputs["completion_mask"]
             self._scored = mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
             try:
+                if self.beta != 0.0 and "ref_per_token_logps" not in inputs:
+                    inputs = inputs | {"ref_per_token_logps": self._reference_logps(model, inputs)}
                 return super()._compute_loss(model, inputs)
             finally:
                 self._scored = None
+
+        def _reference_logps(self, model, inputs) -> torch.Tensor:
+            """The reference's log-probabilities of the micro-batch's sampled tokens (0 elsewhere): ``ref_model``
+            where TRL made one, else the PEFT model with the initial adapter's frozen copy ("ref") active, or with
+            no adapter when training began from the base."""
+            vision = [k for k in ("pixel_values", "token_type_ids", "mm_token_type_ids") if k in inputs]
+            if vision:
+                raise ValueError(f"--lm_head scored with --beta reads text only; this batch holds {vision}: use "
+                                 "--lm_head trl")  # fmt: skip
+            if self.ref_model is not None:
+                reference, active = self.ref_model, nullcontext()
+            else:
+                peft = self.accelerator.unwrap_model(self.model)
+                reference, active = model, use_adapter(peft, "ref" if "ref" in peft.peft_config else None)
+            input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            checkpointing = disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs)
+            with torch.no_grad(), checkpointing, active, self.accelerator.autocast():
+                logps, _ = token_logps_and_entropies(
+                    reference, input_ids, attention_mask, self._scored, self.temperature, with_entropy=False
+                )
+            return logps
 
         def _get_per_token_logps_and_entropies(
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
