@@ -85,6 +85,8 @@ def token_logps_and_entropies(
     return zeros.masked_scatter(scored, token_logps), zeros.masked_scatter(scored, entropies)
 
 
+#: inputs of a vision model's batch, which the loss leaves to TRL (its forward takes them)
+_VISION_KEYS = ("pixel_values", "token_type_ids", "mm_token_type_ids")
 #: TRL's per-token inputs that span the prompt (left-padded) and those that span the completion (right-padded)
 _PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 _COMPLETION_KEYS = ("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
@@ -95,7 +97,7 @@ def trim_padding(inputs: dict[str, Any]) -> dict[str, Any]:
     """A GRPO micro-batch (TRL's loss inputs) without the columns that are padding in every row: the prompt's
     leading ones and the completion's trailing ones. The loss is unchanged (a padded position is masked out of it,
     and rotary attention sees the same distances); micro-batches with image inputs are returned as they are."""
-    if any(key in inputs for key in ("pixel_values", "token_type_ids", "mm_token_type_ids")):
+    if any(key in inputs for key in _VISION_KEYS):
         return inputs
     prompt = inputs["prompt_mask"].bool().any(0)
     completion = inputs["completion_mask"].bool().any(0)
@@ -162,7 +164,7 @@ def grpo_trainer_class():
             """The reference's log-probabilities of the micro-batch's sampled tokens (0 elsewhere): ``ref_model``
             where TRL made one, else the PEFT model with the initial adapter's frozen copy ("ref") active, or with
             no adapter when training began from the base."""
-            vision = [k for k in ("pixel_values", "token_type_ids", "mm_token_type_ids") if k in inputs]
+            vision = [k for k in _VISION_KEYS if k in inputs]
             if vision:
                 raise ValueError(f"--lm_head scored with --beta reads text only; this batch holds {vision}: use "
                                  "--lm_head trl")  # fmt: skip
@@ -189,9 +191,7 @@ def grpo_trainer_class():
                 and self._scored.size(1) == logits_to_keep
                 and not compute_aux_loss
                 and all(value is None for value in vision.values())
-                and not self.args.cast_lm_head_to_fp32
-                and self.accelerator.num_processes == 1
-                and plain_lm_head(model)
+                and self._scores_here()
             )
             if not ours:
                 return super()._get_per_token_logps_and_entropies(
