@@ -869,6 +869,34 @@ def test_the_mix_keeps_questions_the_policy_sometimes_answers_and_caps_each_clas
     assert [r["id"] for r in select(rows, keep_per_class=1)] == ["s0", "p1", "q0"]  # the first of each class
 
 
+def test_the_mix_can_keep_as_many_questions_answered_no_as_yes_solved_ones_too():
+    from training.mix import select
+
+    def row(i: str, answer: str, rate: float, kind: str = "comparison") -> dict:
+        return {"id": i, "type": kind, "golden_answers": [answer], "pass_rate": rate}
+
+    rows = [row("y0", "yes", 0.5), row("y1", "Yes", 1.0), row("y2", "yes", 0.25), row("n0", "no", 0.0)]
+    rows += [row("n1", "no", 1.0), row("c0", "Paris", 0.5), row("c1", "Berlin", 1.0), row("n2", "No", 0.75)]
+    assert [r["id"] for r in select(rows)] == ["y0", "y2", "c0", "n2"]  # by pass rate alone: 2 yes, 1 no
+    # balanced: never answered (n0) still dropped, solved ones kept, the first two of each answer
+    assert [r["id"] for r in select(rows, balance_yes_no=True)] == ["y0", "y1", "n1", "c0", "n2"]
+    # the class cap counts the other questions only
+    assert [r["id"] for r in select(rows, keep_per_class=1, balance_yes_no=True)] == ["y0", "y1", "n1", "c0", "n2"]
+
+
+def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_path):
+    from training.mix import candidates, per_class_counts, yes_no
+
+    per_class = per_class_counts("2")
+    plain = candidates(per_class, tmp_path)
+    drawn = {n: candidates(per_class, tmp_path, yes_no_count=n) for n in (4, 12)}
+    ids = {n: {r["id"] for r in rows} for n, rows in drawn.items()}
+    assert {r["id"] for r in plain} < ids[4] < ids[12]  # a larger count extends a smaller one
+    extra = [r for r in drawn[12] if r["id"] not in {p["id"] for p in plain}]
+    assert Counter(yes_no(r["golden_answers"]) for r in extra) == {"yes": 6, "no": 6}
+    assert {r["source"] for r in extra} == {"hotpotqa", "2wikimultihopqa", "synthetic"}
+
+
 def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
     from training.mix import per_class_counts
 

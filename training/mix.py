@@ -6,6 +6,8 @@ is strictly between 0 and 1.
         --keep-per-class 12 --reuse runs/mix/candidates.jsonl   # classes in balance; earlier pass rates reused
     python training/mix.py --out runs/mix-wide --per-class 12,parallelisable=56,sequential=48,hybrid=32 \
         --keep-per-class 10 --spread-width --max-new-tokens 192   # and comparisons of 2 to 8 entities in balance
+    python training/mix.py --out runs/mix-yes-no --per-class 32,single-hop=1 --keep-per-class 24 --yes-no 40 \
+        --reuse runs/mix-wide/candidates.jsonl   # and as many questions answered "no" as "yes"
 
 Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), ``--per-class`` of each of the four classes (single-hop,
@@ -23,7 +25,9 @@ draw is stable: a larger count extends a smaller one's questions, and ``--reuse`
 earlier mix made with the same policy and rollout settings instead of rolling those questions out again.
 Drawn at random, half the parallelisable candidates are two-entity comparisons (all the shared sets' ones), and
 a policy trained on such a mix stopped splitting wider ones; ``--spread-width`` draws each class evenly across
-plan widths, and ``--max-new-tokens`` must leave room for a turn that names eight entities.
+plan widths, and ``--max-new-tokens`` must leave room for a turn that names eight entities. The shared sets'
+yes/no questions are mostly "yes", and GRPO on a mix holding three of them drifted to "yes": ``--yes-no N``
+draws N more, half answered each way, and keeps as many "no" as "yes" (``select``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import random
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +87,25 @@ def width(plan: Sequence[Sequence[Any]]) -> int:
     return max((len(r) for r in plan), default=0)
 
 
-def spread_by_width(group: Sequence[Any]) -> list[Any]:
-    """``group`` (gold questions, in order) interleaved across plan widths, narrowest first: the first of each
-    width, then the second of each, ... A prefix of any length covers the widths about evenly, and the order
-    still does not depend on how many are taken."""
-    by_width: dict[int, list] = {}
+def spread(group: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
+    """``group`` (in order) interleaved across the values of ``key``, smallest first: the first of each value,
+    then the second of each, ... A prefix of any length covers the values about evenly, and the order still does
+    not depend on how many are taken."""
+    columns: dict[Any, list] = {}
     for q in group:
-        by_width.setdefault(width(q.plan), []).append(q)
-    columns = [by_width[w] for w in sorted(by_width)]
-    return [q for row in itertools.zip_longest(*columns) for q in row if q is not None]
+        columns.setdefault(key(q), []).append(q)
+    return [q for row in itertools.zip_longest(*(columns[v] for v in sorted(columns))) for q in row if q is not None]
+
+
+def spread_by_width(group: Sequence[Any]) -> list[Any]:
+    """Gold questions interleaved across plan widths, narrowest first (``spread``)."""
+    return spread(group, lambda q: width(q.plan))
+
+
+def yes_no(answers: Sequence[str]) -> str | None:
+    """``"yes"`` or ``"no"`` for a question answered so (its first gold answer), else None."""
+    answer = answers[0].strip().lower() if answers else ""
+    return answer if answer in ("yes", "no") else None
 
 
 def candidates(
@@ -100,11 +114,14 @@ def candidates(
     seed: int = 0,
     shared: Sequence[str] = SHARED_SETS,
     spread_width: bool = False,
+    yes_no_count: int = 0,
 ) -> list[dict]:
     """Up to ``per_class[c]`` questions of each class ``c`` from the gold questions, as question records with a
     corpus and the ``width`` of their plan. Each class's order does not depend on the counts, so a larger count
     extends a smaller one. ``spread_width``: each class drawn evenly across plan widths (otherwise the shared
-    sets' two-entity comparisons make half the parallelisable draw)."""
+    sets' two-entity comparisons make half the parallelisable draw). ``yes_no_count``: that many more, not
+    drawn already, half answered yes and half no, each half spread across sources (the shared sets' few
+    yes/no questions are mostly "yes", the synthetic worlds' are even)."""
     gold = gold_questions(TRAIN_SEEDS, shared=shared, work_dir=work_dir)
     by_class: dict[str, list] = {c: [] for c in QUESTION_CLASSES}
     seen: set[str] = set()
@@ -119,20 +136,29 @@ def candidates(
         rng.shuffle(group)
         if spread_width:
             group = spread_by_width(group)
-        records += [
-            {
-                "id": q.id,
-                "question": q.question,
-                "golden_answers": q.golden_answers,
-                "type": q.type,
-                "source": q.source,
-                "width": width(q.plan),
-                "corpus": str(Path(q.corpus).resolve()),
-            }
-            for q in group[: per_class[cls]]
-        ]
+        records += [record(q) for q in group[: per_class[cls]]]
+    drawn = {r["id"] for r in records}
+    for answer in ("yes", "no"):
+        group = sorted(
+            (q for qs in by_class.values() for q in qs if yes_no(q.golden_answers) == answer), key=lambda q: q.id
+        )
+        random.Random(f"{seed}-{answer}").shuffle(group)
+        records += [record(q) for q in spread(group, lambda q: q.source) if q.id not in drawn][: yes_no_count // 2]
     rng.shuffle(records)
     return records
+
+
+def record(q: Any) -> dict[str, Any]:
+    """A gold question as a candidate row: question, answers, type, source, plan width and its corpus."""
+    return {
+        "id": q.id,
+        "question": q.question,
+        "golden_answers": q.golden_answers,
+        "type": q.type,
+        "source": q.source,
+        "width": width(q.plan),
+        "corpus": str(Path(q.corpus).resolve()),
+    }
 
 
 def pass_rates(outcomes: Sequence[float], k: int) -> list[float]:
@@ -140,18 +166,30 @@ def pass_rates(outcomes: Sequence[float], k: int) -> list[float]:
     return [sum(outcomes[i : i + k]) / k for i in range(0, len(outcomes), k)]
 
 
-def select(records: Sequence[dict[str, Any]], keep_per_class: int | None = None) -> list[dict[str, Any]]:
+def select(
+    records: Sequence[dict[str, Any]], keep_per_class: int | None = None, balance_yes_no: bool = False
+) -> list[dict[str, Any]]:
     """The records whose pass rate is strictly between 0 and 1, at most ``keep_per_class`` of each class (the
     first in order). Uncapped, the policy's easy single-hop questions outnumber the multi-hop ones it sometimes
-    answers, and GRPO on such a mix learns to split less everywhere (README, ``grpo_compare``)."""
+    answers, and GRPO on such a mix learns to split less everywhere (README, ``grpo_compare``).
+
+    ``balance_yes_no``: the questions answered yes or no are kept apart from the class caps, as many of each
+    answer (the first in order), solved ones too. Three GRPO runs on a mix of 2 "yes" and 1 "no" drifted to "yes"
+    on validation questions whose answer is "no"; a solved question's group gives no gradient (dynamic sampling
+    drops it) until the policy drifts on it, and then it pulls the policy back."""
     counts: Counter[str] = Counter()
-    kept = []
-    for record in records:
-        cls = question_class(record["type"])
-        if 0 < record["pass_rate"] < 1 and (keep_per_class is None or counts[cls] < keep_per_class):
+    kept, answered = [], {"yes": [], "no": []}
+    for row in records:
+        cls = question_class(row["type"])
+        answer = yes_no(row["golden_answers"]) if balance_yes_no else None
+        if answer and row["pass_rate"] > 0:
+            answered[answer].append(row)
+        elif not answer and 0 < row["pass_rate"] < 1 and (keep_per_class is None or counts[cls] < keep_per_class):
             counts[cls] += 1
-            kept.append(record)
-    return kept
+            kept.append(row)
+    even = min(len(rows) for rows in answered.values())
+    chosen = {id(row) for row in kept} | {id(row) for rows in answered.values() for row in rows[:even]}
+    return [row for row in records if id(row) in chosen]
 
 
 def by_width(records: Sequence[dict[str, Any]]) -> dict[str, int]:
@@ -247,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw each class evenly across plan widths (2..8-entity comparisons), not mostly two-entity ones",
     )
     parser.add_argument(
+        "--yes-no",
+        type=int,
+        default=0,
+        help="draw this many more candidates answered yes or no, half each, and keep as many of each answer "
+        "(solved ones too); 0: none drawn, and yes/no questions are kept like any other",
+    )
+    parser.add_argument(
         "--reuse", type=Path, default=None, help="an earlier mix's candidates.jsonl: its pass rates are not resampled"
     )
     return parser
@@ -262,6 +307,8 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--per-class or --reuse: {e}")
     if args.k < 2:
         parser.error(f"--k must be at least 2, got {args.k}")
+    if args.yes_no < 0 or args.yes_no % 2:
+        parser.error(f"--yes-no must be an even count of at least 0 (half yes, half no), got {args.yes_no}")
     if args.keep_per_class is not None and args.keep_per_class < 1:
         parser.error(f"--keep-per-class must be at least 1, got {args.keep_per_class}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -276,7 +323,7 @@ def main(argv: list[str] | None = None) -> Path:
             parser.error(f"{e} (or another --out)")
     else:
         (args.out / "summary.json").write_text(json.dumps({"command": command}, indent=1) + "\n")  # its settings
-    records = candidates(per_class, Path("runs/gold"), args.seed, spread_width=args.spread_width)
+    records = candidates(per_class, Path("runs/gold"), args.seed, args.spread_width, yes_no_count=args.yes_no)
     fresh = [r for r in records if r["id"] not in rates]
     logger.info("%d candidates, %d with pass rates sampled before", len(records), len(records) - len(fresh))
     if fresh:
@@ -294,7 +341,7 @@ def main(argv: list[str] | None = None) -> Path:
                 rates |= asyncio.run(sampled_pass_rates(rows, policy, settings, args.k, progress))
     for record in records:
         record["pass_rate"] = rates[record["id"]]
-    kept = select(records, args.keep_per_class)
+    kept = select(records, args.keep_per_class, balance_yes_no=args.yes_no > 0)
     (args.out / "candidates.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (args.out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     summary = {
@@ -303,6 +350,7 @@ def main(argv: list[str] | None = None) -> Path:
         "k": args.k,
         "candidates": proportions(records),
         "kept": proportions(kept),
+        "kept_yes_no": dict(Counter(a for r in kept if (a := yes_no(r["golden_answers"])))),
         "pass_rate_by_class": {
             cls: {
                 "mean": round(sum(r["pass_rate"] for r in group) / len(group), 3),
