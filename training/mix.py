@@ -323,7 +323,9 @@ def main(argv: list[str] | None = None) -> Path:
             parser.error(f"{e} (or another --out)")
     else:
         (args.out / "summary.json").write_text(json.dumps({"command": command}, indent=1) + "\n")  # its settings
-    records = candidates(per_class, Path("runs/gold"), args.seed, args.spread_width, yes_no_count=args.yes_no)
+    records = candidates(
+        per_class, Path("runs/gold"), args.seed, spread_width=args.spread_width, yes_no_count=args.yes_no
+    )
     fresh = [r for r in records if r["id"] not in rates]
     logger.info("%d candidates, %d with pass rates sampled before", len(records), len(records) - len(fresh))
     if fresh:
