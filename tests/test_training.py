@@ -897,6 +897,29 @@ def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_pa
     assert {r["source"] for r in extra} == {"hotpotqa", "2wikimultihopqa", "synthetic"}
 
 
+def test_the_mix_command_balances_yes_and_no_from_reused_pass_rates_without_a_policy(tmp_path, monkeypatch):
+    """Every candidate's pass rate is reused, so no policy loads: the command's own draw and selection run."""
+    from training.mix import candidates, main, per_class_counts, yes_no
+
+    monkeypatch.chdir(tmp_path)
+    drawn = candidates(per_class_counts("2"), tmp_path / "runs" / "gold", yes_no_count=8)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    rates = [0.5 if yes_no(r["golden_answers"]) != "no" else 1.0 for r in drawn[:-1]] + [0.0]  # the last: never
+    (earlier / "candidates.jsonl").write_text(
+        "".join(json.dumps(r | {"pass_rate": rate}) + "\n" for r, rate in zip(drawn, rates, strict=True))
+    )
+    (earlier / "summary.json").write_text(json.dumps({"command": "python training/mix.py --per-class 2"}))
+
+    train = main(["--out", "mix", "--per-class", "2", "--yes-no", "8", "--reuse", str(earlier / "candidates.jsonl")])
+    kept = Counter(yes_no(json.loads(line)["golden_answers"]) for line in train.read_text().splitlines())
+    summary = json.loads((tmp_path / "mix" / "summary.json").read_text())
+    assert summary["candidates"]["n"] == len(drawn) == 16
+    assert kept["yes"] == kept["no"] == summary["kept_yes_no"]["no"] >= 3
+    with pytest.raises(SystemExit):
+        main(["--out", "mix", "--yes-no", "3"])
+
+
 def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
     from training.mix import per_class_counts
 
