@@ -27,6 +27,7 @@ from training.gold import (
     comparison_verdict,
     episode,
     first_date,
+    main,
     plan_from_titles,
     quote,
     ranked_verdict,
@@ -35,6 +36,7 @@ from training.gold import (
     shared_questions,
     summary,
     teacher_turns,
+    with_yes_no,
     yes_no_verdict,
 )
 
@@ -297,6 +299,46 @@ def test_the_summary_counts_real_yes_no_episodes_by_answer_and_by_whether_they_s
     ]  # fmt: skip
     report = summary(GoldSet(questions), episodes, Counter(), len(episodes))
     assert report["real_yes_no"] == {"yes": 1, "no": 1, "with_check": 1}
+
+
+def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_sets_first_beside_capped_others(capsys):
+    """Issue 25: the default policy answers yes to most questions whose answer is no; ``--yes-no N`` draws N/2 of
+    each, never an unchecked one, and caps the rest by source and class as a rehearsal of what it knew."""
+    bands = [{"sub_question": "Muzzle (band)", "finding": "Muzzle is an alternative rock band formed in 1994"},
+             {"sub_question": "Screaming Trees", "finding": "Screaming Trees was an American rock band"}]  # fmt: skip
+    same = [{"sub_question": "A", "value": "composer"}, {"sub_question": "B", "value": "composer"}]
+    differ = [same[0], {"sub_question": "B", "value": "engineer"}]
+    asked = "Are Muzzle and Screaming Trees both alternative rock bands?"
+    questions = [
+        GoldQuestion("real-no", asked, ["no"], "comparison", [bands], "hotpotqa", "c"),
+        GoldQuestion("real-unchecked", asked, ["yes"], "comparison", [bands], "hotpotqa", "c"),
+        *(GoldQuestion(f"syn-yes-{i}", "Are A and B both composers?", ["yes"], "comparison", [same], "synthetic", "c")
+          for i in range(3)),
+        *(GoldQuestion(f"syn-no-{i}", "Are A and B both composers?", ["no"], "comparison", [differ], "synthetic", "c")
+          for i in range(3)),
+        *(GoldQuestion(f"named-{i}", "Which is older?", ["A"], "comparison", [bands], "hotpotqa", "c")
+          for i in range(5)),
+        *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [bands[:1]], "synthetic", "c") for i in range(5)),
+    ]  # fmt: skip
+    classes = {"comparison": "parallelisable", "bridge": "sequential"}
+    episodes = [
+        {"id": q.id, "source": q.source, "question_class": classes[q.type], "prompt_ids": [1], "completion_ids": [2],
+         "env_mask": [1]}
+        for q in questions
+    ]  # fmt: skip
+    by_id = {q.id: q for q in questions}
+
+    kept = [ep["id"] for ep in with_yes_no(episodes, by_id, 4, cap=3)]
+    assert "real-no" in kept and "real-unchecked" not in kept  # the shared sets' checked one first; no unchecked
+    answers = Counter(by_id[i].golden_answers[0] for i in kept)
+    assert answers["yes"] == 2 and answers["no"] == 2, answers
+    assert sum(i.startswith("named-") for i in kept) == 3 and sum(i.startswith("bridge-") for i in kept) == 3
+    assert len(with_yes_no(episodes, by_id, 4, cap=None)) == 4 + 10  # uncapped: every other episode
+    report = summary(GoldSet(questions), [e for e in episodes if e["id"] in kept], Counter(), len(kept))
+    assert report["yes_no"] == {"yes": 2, "no": 2}
+    with pytest.raises(SystemExit):
+        main(["--yes-no", "3"])
+    assert "--yes-no 3: expected an even count" in capsys.readouterr().err
 
 
 def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():

@@ -23,7 +23,7 @@ import random
 import re
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -902,7 +902,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
     )
+    parser.add_argument(
+        "--yes-no",
+        type=int,
+        default=0,
+        help="a continuation set for a policy that says yes too often: N yes/no episodes, half answered yes and "
+        "half no, each spelling out its check (real ones first), beside the others (capped by --per-source-class)",
+    )
     args = parser.parse_args(argv)
+    if args.yes_no < 0 or args.yes_no % 2:
+        parser.error(f"--yes-no {args.yes_no}: expected an even count >= 0 (half answered yes, half no)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
@@ -914,11 +923,14 @@ def main(argv: list[str] | None = None) -> Path:
         max_new_tokens=args.max_new_tokens,
     )  # fmt: skip
     built = len(episodes)
-    if args.per_source_class:
+    if args.yes_no:
+        episodes = with_yes_no(episodes, {q.id: q for q in gold.questions}, args.yes_no, args.per_source_class)
+    elif args.per_source_class:
         episodes = capped(episodes, args.per_source_class)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(ep) + "\n" for ep in episodes))
-    report = summary(gold, episodes, skipped, built) | {"per_source_class": args.per_source_class}
+    options = {"per_source_class": args.per_source_class, "yes_no_drawn": args.yes_no}
+    report = summary(gold, episodes, skipped, built) | options
     out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
     logger.info("%s", json.dumps(report, indent=1))
     return out
@@ -938,20 +950,50 @@ def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[di
     return kept
 
 
+def yes_no(answers: Sequence[str]) -> str | None:
+    """``"yes"`` or ``"no"`` for a question answered so (its first gold answer), else None."""
+    answer = answers[0].strip().lower() if answers else ""
+    return answer if answer in ("yes", "no") else None
+
+
+def with_yes_no(
+    episodes: Sequence[dict[str, Any]], questions: Mapping[str, GoldQuestion], n: int, cap: int | None, seed: int = 0
+) -> list[dict[str, Any]]:
+    """``n`` yes/no episodes, half answered yes and half no, beside the other episodes (at most ``cap`` of each
+    source and class when given), shuffled together: the set to go on training a policy that answers yes to
+    questions whose answer is no (``run_sft.py --init_adapter``). Only yes/no episodes whose answer turn spells out
+    its check are drawn, the shared sets' first: an unchecked answer teaches answering without reading."""
+    rng = random.Random(seed)
+
+    def answer(ep: dict[str, Any]) -> str | None:
+        return yes_no(questions[ep["id"]].golden_answers)
+
+    others = [ep for ep in episodes if answer(ep) is None]
+    kept = capped(others, cap, seed) if cap else others
+    for word in ("yes", "no"):
+        pool = [ep for ep in episodes if answer(ep) == word and answer_verdict(questions[ep["id"]]) is not None]
+        rng.shuffle(pool)
+        pool.sort(key=lambda ep: ep["source"] == "synthetic")  # stable: the shared sets' first, each shuffled
+        kept += pool[: n // 2]
+    rng.shuffle(kept)
+    return kept
+
+
 def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter, built: int) -> dict[str, Any]:
     """What was built and kept, by source and class, and what was left out, by reason. ``built`` counts the
     episodes before any cap; ``gold_retrieved_fraction`` is the share of the episodes that ran whose every
     gold passage was retrieved; ``real_comparison_values_read`` counts the compared entities of the shared sets
     whose passage gave a date to quote, and those where a sentence sharing the question's words was added;
     ``real_yes_no`` counts the kept episodes of the shared sets answered yes and no, and those whose answer turn
-    spells out a check (a policy taught mostly unchecked yeses learns to say yes)."""
+    spells out a check (a policy taught mostly unchecked yeses learns to say yes); ``yes_no`` counts every kept
+    episode answered yes and no."""
     planned = len(gold.questions)
     by_id = {q.id: q for q in gold.questions}
     real_yes_no: Counter = Counter({"yes": 0, "no": 0, "with_check": 0})
+    answered = Counter(yes_no(by_id[e["id"]].golden_answers) for e in episodes)
     for q in (by_id[e["id"]] for e in episodes if e["source"] != "synthetic"):
-        answer = q.golden_answers[0]
-        if answer.lower() in ("yes", "no"):
-            real_yes_no[answer.lower()] += 1
+        if answer := yes_no(q.golden_answers):
+            real_yes_no[answer] += 1
             real_yes_no["with_check"] += answer_verdict(q) is not None
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
@@ -978,6 +1020,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
             "entities": len(compared),
         },
         "real_yes_no": dict(real_yes_no),
+        "yes_no": {"yes": answered["yes"], "no": answered["no"]},
         "skipped_without_plan": dict(gold.skipped),
         "skipped_episodes": dict(skipped),
     }

@@ -56,7 +56,7 @@ from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.rewards import forced
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
-from training.gold import SHARED_SETS, gold_questions
+from training.gold import SHARED_SETS, gold_questions, yes_no
 from training.rollout import RolloutSettings, run_agents
 
 logger = logging.getLogger("mix")
@@ -100,12 +100,6 @@ def spread(group: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
 def spread_by_width(group: Sequence[Any]) -> list[Any]:
     """Gold questions interleaved across plan widths, narrowest first (``spread``)."""
     return spread(group, lambda q: width(q.plan))
-
-
-def yes_no(answers: Sequence[str]) -> str | None:
-    """``"yes"`` or ``"no"`` for a question answered so (its first gold answer), else None."""
-    answer = answers[0].strip().lower() if answers else ""
-    return answer if answer in ("yes", "no") else None
 
 
 def candidates(
