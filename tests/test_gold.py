@@ -258,7 +258,11 @@ def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_se
     jobs = [{"sub_question": "Ab Cd", "finding": "Ab Cd (born 1801 in Tamsk) was a composer", "value": "composer"},
             {"sub_question": "Ef Gh", "finding": "Ef Gh was an engineer", "value": "engineer"}]  # fmt: skip
     assert yes_no_verdict("Were Ab Cd and Ef Gh both composers?", jobs, "no") == (
-        "The question asks whether both are composer. Ab Cd: composer; Ef Gh: engineer: not both composer."
+        "The question asks whether both are composer. Ab Cd: composer, yes; Ef Gh: engineer, no. Not both."
+    )
+    both = [jobs[0], dict(jobs[1], value="Composer")]
+    assert yes_no_verdict("Were Ab Cd and Ef Gh both composers?", both, "yes").endswith(
+        "Ab Cd: composer, yes; Ef Gh: Composer, yes. Both."
     )
     assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "no").endswith(
         "Ab Cd: composer; Ef Gh: engineer: different."

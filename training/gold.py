@@ -623,9 +623,12 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
     each is the value the question names (``Were A and B both composers?``): ``The question asks whether both
     are composer. composer and engineer: not both composer.`` Steps that quote a sentence and carry its ``value``
-    name each entity with it (``A: composer; B: engineer: not both composer.``); when a finding is a quoted
-    sentence alone, the check reads the sentences (``yes_no_reading``). None when the findings are dates, when the
-    question names none of the values, or when the check does not give ``answer``."""
+    name each entity with it (``A: composer; B: engineer: different.``), and for a "both" question whether it is
+    the one asked, ending as a real question's reading does (``A: composer, yes; B: engineer, no. Not both.``: a
+    policy taught to set the two values side by side answered "musician; vocalist: not both vocalists" on real
+    questions); when a finding is a quoted sentence alone, the check reads the sentences (``yes_no_reading``).
+    None when the findings are dates, when the question names none of the values, or when the check does not give
+    ``answer``."""
     if answer.lower() not in ("yes", "no"):
         return None
     named = all("value" in s for s in steps)  # read as a sentence, its value known (``ps_agent.synthetic``)
@@ -646,8 +649,15 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
         asked = [v for v in values if re.search(rf"\b{re.escape(_normalised(v))}s?\b", _normalised(question))]
         if not asked:
             return None
-        yes = all(_normalised(v) == _normalised(asked[0]) for v in values)
-        check = f"The question asks whether both are {asked[0]}. {listed}: {'both' if yes else 'not both'} {asked[0]}."
+        holds = [_normalised(v) == _normalised(asked[0]) for v in values]
+        yes = all(holds)
+        if named:  # each value, then whether it is the one asked, ending as a real question's reading does
+            each = zip(steps, values, holds, strict=True)
+            listed = "; ".join(f"{s['sub_question']}: {v}, {'yes' if h else 'no'}" for s, v, h in each)
+            check = f"The question asks whether both are {asked[0]}. {listed}. {'Both' if yes else 'Not both'}."
+        else:
+            verdict = f"{'both' if yes else 'not both'} {asked[0]}"
+            check = f"The question asks whether both are {asked[0]}. {listed}: {verdict}."
     return check if yes == (answer.lower() == "yes") else None
 
 
