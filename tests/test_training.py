@@ -885,7 +885,8 @@ def test_the_mix_can_keep_as_many_questions_answered_no_as_yes_solved_ones_too()
 
 
 def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_path):
-    from training.mix import candidates, per_class_counts, yes_no
+    from training.gold import yes_no
+    from training.mix import candidates, per_class_counts
 
     per_class = per_class_counts("2")
     plain = candidates(per_class, tmp_path)
@@ -899,7 +900,8 @@ def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_pa
 
 def test_the_mix_command_balances_yes_and_no_from_reused_pass_rates_without_a_policy(tmp_path, monkeypatch):
     """Every candidate's pass rate is reused, so no policy loads: the command's own draw and selection run."""
-    from training.mix import candidates, main, per_class_counts, yes_no
+    from training.gold import yes_no
+    from training.mix import candidates, main, per_class_counts
 
     monkeypatch.chdir(tmp_path)
     drawn = candidates(per_class_counts("2"), tmp_path / "runs" / "gold", yes_no_count=8)
