@@ -36,6 +36,7 @@ from training.gold import (
     shared_questions,
     summary,
     teacher_turns,
+    unchecked_yes_no,
     with_yes_no,
     yes_no_verdict,
 )
@@ -332,6 +333,7 @@ def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_se
     ]  # fmt: skip
     by_id = {q.id: q for q in questions}
 
+    assert [q.id for q in questions if unchecked_yes_no(q)] == ["real-unchecked"]  # what --checked-yes-no drops
     kept = [ep["id"] for ep in with_yes_no(episodes, by_id, 4, cap=3)]
     assert "real-no" in kept and "real-unchecked" not in kept  # the shared sets' checked one first; no unchecked
     answers = Counter(by_id[i].golden_answers[0] for i in kept)
