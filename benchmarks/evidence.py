@@ -1,0 +1,169 @@
+"""Where a policy's misses come from: what it retrieved, or how it read it.
+
+    python benchmarks/evidence.py --run v5=runs/pt/qwen-v5 --run search-r1=runs/pt/grpo-seq-11:sequential \
+        [--data ../shared/data] [--out benchmarks/results/evidence]
+
+Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder (as in ``paper_table.py``). For every question
+of a set that has a corpus and gold passages (``DATA/SET/dev.jsonl`` with ``supporting_doc_ids``, beside
+``DATA/SET/corpus.jsonl``), the passages its searches returned (the ids each eval line's timeline keeps) are
+looked up in that corpus, and per set and question class the page gives:
+
+- **gold passages found**: the share of the question's gold passages that any of its searches returned, and the
+  share of questions with all of them;
+- **answer retrieved**: the share of questions whose gold answer appears, as whole words after SQuAD
+  normalisation, in a passage it retrieved (yes/no answers are left out: no passage spells them);
+- **EM when retrieved**, and **retrieved, not answered**: of the questions whose answer it retrieved, the share it
+  answered exactly, and the share of all such questions it missed anyway: misses that reading, not retrieval,
+  must fix.
+
+Writes ``OUT.md`` and ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, Run
+from ps_agent.metrics import cover_exact_match, mean
+from ps_agent.questions import SHARED_DATA
+
+YES_NO = {"yes", "no"}
+
+
+def retrieved_ids(record: dict[str, Any]) -> list[str]:
+    """The passage ids an eval line's searches returned, first seen first."""
+    seen: dict[str, None] = {}
+    for round_ in record["timeline"]["search_rounds"]:
+        for result in round_["results"]:
+            for passage in result["passages"] or ():
+                seen.setdefault(passage["id"], None)
+    return list(seen)
+
+
+def gold_of(folder: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """A set's gold passage ids per question (``dev.jsonl``) and its corpus texts by id (``corpus.jsonl``)."""
+    support = {}
+    for line in (folder / "dev.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("supporting_doc_ids"):
+            support[str(row["id"])] = list(row["supporting_doc_ids"])
+    texts = {}
+    with (folder / "corpus.jsonl").open(encoding="utf-8") as corpus:
+        for line in corpus:
+            passage = json.loads(line)
+            texts[passage["id"]] = passage["contents"]
+    return support, texts
+
+
+def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) -> dict[str, Any]:
+    """One question: how many of its gold passages were returned, and whether its answer was in what was."""
+    found = set(retrieved_ids(record))
+    readable = not all(g.strip().lower() in YES_NO for g in record["golden_answers"])
+    read = " ".join(texts.get(i, "") for i in found)
+    return {
+        "support_found": sum(i in found for i in support) / len(support),
+        "all_support": all(i in found for i in support),
+        "answer_retrieved": cover_exact_match(read, record["golden_answers"]) if readable else None,
+        "em": record["em"],
+    }
+
+
+def summary(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-group shares, in percent (None where no question could count)."""
+    readable = [x for x in items if x["answer_retrieved"] is not None]
+    retrieved = [x for x in readable if x["answer_retrieved"]]
+
+    def percent(values: Iterable[float]) -> float | None:
+        share = mean([float(v) for v in values])
+        return None if share is None else 100 * share
+
+    return {
+        "n": len(items),
+        "em": percent(x["em"] for x in items),
+        "support_found": percent(x["support_found"] for x in items),
+        "all_support": percent(x["all_support"] for x in items),
+        "readable": len(readable),
+        "answer_retrieved": percent(x["answer_retrieved"] for x in readable),
+        "em_when_retrieved": percent(x["em"] for x in retrieved),
+        "retrieved_not_answered": percent(bool(x["answer_retrieved"]) and not x["em"] for x in readable),
+    }
+
+
+def table(runs: list[Run], data: Path) -> list[dict[str, Any]]:
+    """One row per run, set and question class (and ``all``) over the sets with gold passages."""
+    gold: dict[str, tuple[dict[str, list[str]], dict[str, str]] | None] = {}
+    rows = []
+    for run in runs:
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for record in run.records():
+            dataset = record["dataset"]
+            if dataset not in gold:
+                folder = data / dataset
+                has = (folder / "dev.jsonl").is_file() and (folder / "corpus.jsonl").is_file()
+                gold[dataset] = gold_of(folder) if has else None
+                if not has:
+                    print(f"{dataset}: no dev.jsonl and corpus.jsonl under {folder}; left out", file=sys.stderr)
+            if gold[dataset] is None or str(record["id"]) not in gold[dataset][0]:
+                continue
+            support, texts = gold[dataset]
+            item = evidence(record, support[str(record["id"])], texts)
+            groups.setdefault((dataset, "all"), []).append(item)
+            groups.setdefault((dataset, record["question_class"]), []).append(item)
+        rows += [
+            {"run": run.name, "dataset": d, "class": c} | summary(items) for (d, c), items in sorted(groups.items())
+        ]
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    def cell(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+
+    head = (
+        "| run | set | class | n | EM % | gold passages found % | all found % | answer retrieved % (of n) "
+        "| EM when retrieved % | retrieved, not answered % |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['run']} | {r['dataset']} | {r['class']} | {r['n']} | {cell(r['em'])} | {cell(r['support_found'])} "
+        f"| {cell(r['all_support'])} | {cell(r['answer_retrieved'])} ({r['readable']}) "
+        f"| {cell(r['em_when_retrieved'])} | {cell(r['retrieved_not_answered'])} |"
+        for r in rows
+    ]
+    return (
+        f"# Retrieval or reading: where the misses come from\n\n`{command}`\n\n"
+        "Answer retrieved: the gold answer appears in a passage the searches returned (yes/no answers left out; "
+        "their count in brackets is what remains). Retrieved, not answered: of those questions, the share "
+        "answered wrong anyway.\n\n" + head + "\n".join(lines) + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="append", required=True, help="NAME=DIR[:MODE], repeatable")
+    parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the folder of SET/dev.jsonl and corpus.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / "evidence")
+    args = parser.parse_args(argv)
+    try:
+        runs = [Run.parse(text) for text in args.run]
+        rows = table(runs, args.data)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not rows:
+        parser.error(f"no question of these runs has gold passages under {args.data}")
+    command = "python benchmarks/evidence.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(rows, command))
+    print(markdown(rows, command))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
