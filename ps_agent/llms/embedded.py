@@ -68,7 +68,7 @@ QWEN = EmbeddedBase(
 )
 EMBEDDED_BASES = {base.name: base for base in (QWEN, SMOLLM2)}
 #: The base whose adapters ``ParallelSearchAgent()``, ``make demo`` and ``ps-agent ask`` use unless told: the one
-#: that scored higher on the validation parts (benchmarks/results/policy_table.md).
+#: that scored higher on the validation parts (benchmarks/results/archive/policy_table_v1.md).
 DEFAULT_BASE = QWEN
 EMBEDDED_MODEL = DEFAULT_BASE.name
 #: Every embedded spec: NAME, NAME-base, NAME-parallelsearch and NAME-searchr1 of each base.
