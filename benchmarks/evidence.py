@@ -12,9 +12,9 @@ looked up in that corpus, and per set and question class the page gives:
   share of questions with all of them;
 - **answer retrieved**: the share of questions whose gold answer appears, as whole words after SQuAD
   normalisation, in a passage it retrieved (yes/no answers are left out: no passage spells them);
-- **EM when retrieved**, and **retrieved, not answered**: of the questions whose answer it retrieved, the share it
-  answered exactly, and the share of all such questions it missed anyway: misses that reading, not retrieval,
-  must fix.
+- **EM when retrieved**: of the questions whose answer it retrieved, the share it answered exactly;
+- **retrieved, not answered**: of the questions counted for "answer retrieved", the share whose answer it
+  retrieved and still missed: misses that reading, not retrieval, must fix.
 
 Writes ``OUT.md`` and ``OUT.json``.
 """
@@ -139,8 +139,11 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return (
         f"# Retrieval or reading: where the misses come from\n\n`{command}`\n\n"
         "Answer retrieved: the gold answer appears in a passage the searches returned (yes/no answers left out; "
-        "their count in brackets is what remains). Retrieved, not answered: of those questions, the share "
-        "answered wrong anyway.\n\n" + head + "\n".join(lines) + "\n"
+        "the questions left are counted in brackets). Retrieved, not answered: the share of those counted "
+        "questions whose answer was retrieved and still answered wrong, a miss of reading, not retrieval.\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n"
     )
 
 
