@@ -33,18 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, Run
 from ps_agent.metrics import cover_exact_match, mean
 from ps_agent.questions import SHARED_DATA
+from training.gold import passages_by_id, yes_no
 
-YES_NO = {"yes", "no"}
 
-
-def retrieved_ids(record: dict[str, Any]) -> list[str]:
-    """The passage ids an eval line's searches returned, first seen first."""
-    seen: dict[str, None] = {}
-    for round_ in record["timeline"]["search_rounds"]:
-        for result in round_["results"]:
-            for passage in result["passages"] or ():
-                seen.setdefault(passage["id"], None)
-    return list(seen)
+def retrieved_ids(record: dict[str, Any]) -> set[str]:
+    """The passage ids an eval line's searches returned."""
+    return {
+        passage["id"]
+        for round_ in record["timeline"]["search_rounds"]
+        for result in round_["results"]
+        for passage in result["passages"] or ()
+    }
 
 
 def gold_of(folder: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -54,18 +53,13 @@ def gold_of(folder: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
         row = json.loads(line)
         if row.get("supporting_doc_ids"):
             support[str(row["id"])] = list(row["supporting_doc_ids"])
-    texts = {}
-    with (folder / "corpus.jsonl").open(encoding="utf-8") as corpus:
-        for line in corpus:
-            passage = json.loads(line)
-            texts[passage["id"]] = passage["contents"]
-    return support, texts
+    return support, passages_by_id(folder / "corpus.jsonl")
 
 
 def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) -> dict[str, Any]:
     """One question: how many of its gold passages were returned, and whether its answer was in what was."""
-    found = set(retrieved_ids(record))
-    readable = not all(g.strip().lower() in YES_NO for g in record["golden_answers"])
+    found = retrieved_ids(record)
+    readable = yes_no(record["golden_answers"]) is None
     read = " ".join(texts.get(i, "") for i in found)
     return {
         "support_found": sum(i in found for i in support) / len(support),

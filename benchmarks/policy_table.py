@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, Run, answer, paper_tables, parse_policy, validation_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
+from training.gold import yes_no  # noqa: E402
 
 
 def record_devices(folder: Path, datasets: list[str], device: str) -> None:
@@ -97,8 +98,8 @@ def yes_no_answers(name: str, records: list[dict[str, Any]]) -> list[dict]:
     a policy that answers yes to every one of them scores the share of yes golds, which EM alone does not show."""
     out: dict[str, dict[str, Any]] = {}
     for r in records:
-        gold = str(r["golden_answers"][0]).strip().lower() if r["golden_answers"] else ""
-        if gold not in ("yes", "no"):
+        gold = yes_no(r["golden_answers"])
+        if gold is None:
             continue
         said = str(r["answer"] or "").strip().lower().rstrip(".")
         row = out.setdefault(r["dataset"], {"policy": name, "dataset": r["dataset"], "yes": {}, "no": {}})
