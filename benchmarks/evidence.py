@@ -14,7 +14,11 @@ looked up in that corpus, and per set and question class the page gives:
   normalisation, in a passage it retrieved (yes/no answers are left out: no passage spells them);
 - **EM when retrieved**: of the questions whose answer it retrieved, the share it answered exactly;
 - **retrieved, not answered**: of the questions counted for "answer retrieved", the share whose answer it
-  retrieved and still missed: misses that reading, not retrieval, must fix.
+  retrieved and still missed: misses that reading, not retrieval, must fix. They are split three ways, by where the
+  answer was: **quoted** (the last think turn wrote the answer down, then answered something else: a miss of
+  picking the span), **last round, not quoted** (a passage of the last search round held it, the think turn quoted
+  another sentence: a miss of picking the sentence), and **earlier round only** (only a passage of an earlier round
+  held it: the chain went on past it).
 
 Writes ``OUT.md`` and ``OUT.json``.
 """
@@ -36,14 +40,30 @@ from ps_agent.questions import SHARED_DATA
 from training.gold import passages_by_id, yes_no
 
 
-def retrieved_ids(record: dict[str, Any]) -> set[str]:
-    """The passage ids an eval line's searches returned."""
+def retrieved_ids(record: dict[str, Any], rounds: slice = slice(None)) -> set[str]:
+    """The passage ids an eval line's searches returned (in ``rounds``: all of them by default)."""
     return {
         passage["id"]
-        for round_ in record["timeline"]["search_rounds"]
+        for round_ in record["timeline"]["search_rounds"][rounds]
         for result in round_["results"]
         for passage in result["passages"] or ()
     }
+
+
+def last_think(record: dict[str, Any]) -> str:
+    """The think text of an eval line's last model turn ('' without one)."""
+    turns = record["timeline"]["turns"]
+    completion = (turns[-1].get("completion") or "") if turns else ""
+    return completion.split("</think>")[0] if "</think>" in completion else ""
+
+
+def missed_where(record: dict[str, Any], texts: dict[str, str]) -> str:
+    """Where the answer of a question retrieved and missed was: ``quoted`` (the last think turn wrote it down),
+    ``last round`` (a passage of the last search round held it, not quoted), else ``earlier round``."""
+    if cover_exact_match(last_think(record), record["golden_answers"]):
+        return "quoted"
+    last = " ".join(texts.get(i, "") for i in retrieved_ids(record, slice(-1, None)))
+    return "last round" if cover_exact_match(last, record["golden_answers"]) else "earlier round"
 
 
 def gold_of(folder: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -61,12 +81,18 @@ def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) 
     found = retrieved_ids(record)
     readable = yes_no(record["golden_answers"]) is None
     read = " ".join(texts.get(i, "") for i in found)
+    retrieved = cover_exact_match(read, record["golden_answers"]) if readable else None
     return {
         "support_found": sum(i in found for i in support) / len(support),
         "all_support": all(i in found for i in support),
-        "answer_retrieved": cover_exact_match(read, record["golden_answers"]) if readable else None,
+        "answer_retrieved": retrieved,
         "em": record["em"],
+        "missed": missed_where(record, texts) if retrieved and not record["em"] else None,
     }
+
+
+#: The keys of the three parts of "retrieved, not answered" (``missed_where``).
+MISSED = {"missed_quoted": "quoted", "missed_last_round": "last round", "missed_earlier_round": "earlier round"}
 
 
 def summary(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,6 +113,7 @@ def summary(items: list[dict[str, Any]]) -> dict[str, Any]:
         "answer_retrieved": percent(x["answer_retrieved"] for x in readable),
         "em_when_retrieved": percent(x["em"] for x in retrieved),
         "retrieved_not_answered": percent(bool(x["answer_retrieved"]) and not x["em"] for x in readable),
+        **{key: percent(x["missed"] == where for x in readable) for key, where in MISSED.items()},
     }
 
 
@@ -122,19 +149,23 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 
     head = (
         "| run | set | class | n | EM % | gold passages found % | all found % | answer retrieved % (of n) "
-        "| EM when retrieved % | retrieved, not answered % |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "| EM when retrieved % | retrieved, not answered % | of which quoted % | last round, not quoted % "
+        "| earlier round only % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['run']} | {r['dataset']} | {r['class']} | {r['n']} | {cell(r['em'])} | {cell(r['support_found'])} "
         f"| {cell(r['all_support'])} | {cell(r['answer_retrieved'])} ({r['readable']}) "
-        f"| {cell(r['em_when_retrieved'])} | {cell(r['retrieved_not_answered'])} |"
+        f"| {cell(r['em_when_retrieved'])} | {cell(r['retrieved_not_answered'])} | {cell(r['missed_quoted'])} "
+        f"| {cell(r['missed_last_round'])} | {cell(r['missed_earlier_round'])} |"
         for r in rows
     ]
     return (
         f"# Retrieval or reading: where the misses come from\n\n`{command}`\n\n"
         "Answer retrieved: the gold answer appears in a passage the searches returned (yes/no answers left out; "
         "the questions left are counted in brackets). Retrieved, not answered: the share of those counted "
-        "questions whose answer was retrieved and still answered wrong, a miss of reading, not retrieval.\n\n"
+        "questions whose answer was retrieved and still answered wrong, a miss of reading, not retrieval; it is the "
+        "sum of the next three: the last think turn quoted the answer and answered something else; a passage of the "
+        "last search round held it and the think turn quoted another sentence; only an earlier round held it.\n\n"
         + head
         + "\n".join(lines)
         + "\n"

@@ -29,11 +29,12 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
-def line(qid, cls, answer, golden, em, rounds, dataset="toyqa"):
+def line(qid, cls, answer, golden, em, rounds, dataset="toyqa", think="I found it."):
     return {
         "id": qid, "dataset": dataset, "mode": "parallel", "question": qid, "question_class": cls,
         "golden_answers": golden, "answer": answer, "em": em, "error": None,
-        "timeline": {"turns": [], "search_rounds": [
+        "timeline": {"turns": [{"completion": f"<think> {think} </think>\n<answer> {answer} </answer>"}],
+                     "search_rounds": [
             {"sub_queries": ids, "results": [{"sub_query": i, "passages": [{"id": i, "title": i}], "error": None}
                                              for i in ids]}
             for ids in rounds
@@ -77,8 +78,8 @@ def test_gold_passages_answers_retrieved_and_reading_misses(folders, tmp_path, c
     assert by["toyqa", "all"]["n"] == 3
     assert "nocorpus: no dev.jsonl and corpus.jsonl" in capsys.readouterr().err
     page = out.with_suffix(".md").read_text()
-    assert "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 |" in page
-    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – |" in page
+    assert "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in page
+    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – | – | – | – |" in page
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 
@@ -90,6 +91,28 @@ def test_an_answer_read_but_missed_counts_against_reading(folders, tmp_path):
               if r["class"] == "sequential"]  # fmt: skip
     assert row["answer_retrieved"] == 100.0 and row["em_when_retrieved"] == 0.0
     assert row["retrieved_not_answered"] == 100.0
+
+
+@pytest.mark.parametrize(
+    ("rounds", "think", "where"),
+    [
+        ([["p-film"], ["p-dunn"]], "Dunn is played by Bruce Willis.", "missed_quoted"),  # read it, answered another
+        ([["p-film"], ["p-dunn"]], "A security guard named David Dunn.", "missed_last_round"),  # quoted another line
+        ([["p-dunn"], ["p-film"]], "A security guard named David Dunn.", "missed_earlier_round"),  # chain went past it
+    ],
+)
+def test_a_reading_miss_is_placed_where_the_answer_was(folders, tmp_path, rounds, think, where):
+    data, run = folders
+    lines = [
+        line("b2", "sequential", "David Dunn", ["Bruce Willis"], 0.0, rounds, think=think),
+        line("b1", "sequential", "Bruce Willis", ["Bruce Willis"], 1.0, rounds, think=think),  # right: no miss
+    ]
+    (run / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
+              if r["class"] == "sequential"]  # fmt: skip
+    parts = {key: row[key] for key in evidence.MISSED}
+    assert parts == {key: 50.0 if key == where else 0.0 for key in evidence.MISSED}
+    assert sum(parts.values()) == row["retrieved_not_answered"]
 
 
 def test_bad_runs_are_refused_with_what_was_expected(folders, tmp_path, capsys):
