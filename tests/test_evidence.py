@@ -78,8 +78,9 @@ def test_gold_passages_answers_retrieved_and_reading_misses(folders, tmp_path, c
     assert by["toyqa", "all"]["n"] == 3
     assert "nocorpus: no dev.jsonl and corpus.jsonl" in capsys.readouterr().err
     page = out.with_suffix(".md").read_text()
-    assert "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in page
-    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – | – | – | – |" in page
+    sequential = "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |"
+    assert sequential in page
+    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – | – | – | – | – |" in page
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 
@@ -123,3 +124,21 @@ def test_bad_runs_are_refused_with_what_was_expected(folders, tmp_path, capsys):
     with pytest.raises(SystemExit):
         evidence.main(["--run", f"v={run}", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "e")])
     assert "no question of these runs has gold passages" in capsys.readouterr().err
+
+
+def test_a_wrong_answer_that_names_a_searched_query_is_counted(folders, tmp_path):
+    data, run = folders
+    lines = [
+        line("b2", "sequential", "David Dunn", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]]),  # searched it
+        line("b3", "sequential", "Dunn", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]]),  # words of a query
+        line("b4", "sequential", "Bruce Willis", ["Bruce Willis"], 1.0, [["p-film"], ["p-dunn"]]),  # right
+        line("b5", "sequential", "Unbreakable", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]]),  # never searched
+    ]
+    for record in lines:
+        record["timeline"]["search_rounds"][-1]["sub_queries"] = ["David Dunn", "Bruce Willis"]  # b4's: not a miss
+    questions = [dict(QUESTIONS[0], id=qid) for qid in ("b2", "b3", "b4", "b5")]
+    (data / "toyqa" / "dev.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    (run / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
+              if r["class"] == "sequential"]  # fmt: skip
+    assert row["wrong_searched_answer"] == 50.0
