@@ -9,7 +9,9 @@ first sentence, or add the sentence that shares most of the question's words (``
 comparisons do), optionally without the words the earlier hops already read ("director", "film" in "Where was the
 director of film X born?"). For the chains of each shared set's ``--part`` whose answer is not yes or no, this
 counts how often each rule's quote holds the gold answer (SQuAD-normalised, whole words, as the eval reads it).
-A rule that misses the answer would teach the policy to answer from a sentence without it.
+A rule that misses the answer would teach the policy to answer from a sentence without it. It also counts the
+chains whose answer is the last hop's title itself, the entity the gold searched last: there the gold teaches the
+policy to answer with what it searched.
 
 Writes ``OUT.md`` and ``OUT.json``.
 """
@@ -26,9 +28,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS
-from ps_agent.metrics import cover_exact_match
+from ps_agent.metrics import cover_exact_match, exact_match
 from ps_agent.questions import SHARED_DATA
-from training.gold import SHARED_SETS, GoldQuestion, passages_by_id, quote, quote_for, shared_questions, yes_no
+from training.gold import (
+    SHARED_SETS,
+    GoldQuestion,
+    passages_by_id,
+    plain_title,
+    quote,
+    quote_for,
+    shared_questions,
+    yes_no,
+)
 
 
 def _spent(q: GoldQuestion) -> str:
@@ -50,34 +61,43 @@ RULES: dict[str, Callable[[str, GoldQuestion, dict[str, Any]], str]] = {
 
 
 def rows_for(name: str, questions: list[GoldQuestion], passages: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per rule: of the set's chains (their answer not yes/no), the share whose quote holds the answer."""
+    """One row per rule: of the set's chains (their answer not yes/no), how many quotes hold the answer."""
     chains = [q for q in questions if q.question_class == "sequential" and yes_no(q.golden_answers) is None]
     held = {rule: 0 for rule in RULES}
+    in_passage = searched = 0
     for q in chains:
         (step,) = q.plan[-1]
         text = passages[step["passage_id"]]
+        in_passage += bool(cover_exact_match(text, q.golden_answers))
+        searched += bool(exact_match(plain_title(step["sub_question"]), q.golden_answers))
         for rule, take in RULES.items():
             held[rule] += bool(cover_exact_match(take(text, q, step), q.golden_answers))
-    in_passage = sum(bool(cover_exact_match(passages[q.plan[-1][0]["passage_id"]], q.golden_answers)) for q in chains)
     return [
-        {"set": name, "rule": rule, "n": len(chains), "in_passage": in_passage, "held": held[rule]} for rule in RULES
-    ]
+        {"set": name, "rule": rule, "n": len(chains), "in_passage": in_passage, "held": held[rule],
+         "answer_searched": searched}
+        for rule in RULES
+    ]  # fmt: skip
 
 
 def markdown(rows: list[dict[str, Any]], command: str) -> str:
-    head = (
-        "| set | rule | chains | answer in the last passage | quote holds the answer | % of chains |\n"
-        "|---|---|---|---|---|---|\n"
-    )
-    lines = [
+    rows = [r for r in rows if r["n"]]
+    quotes = "\n".join(
         f"| {r['set']} | {r['rule']} | {r['n']} | {r['in_passage']} | {r['held']} | {100 * r['held'] / r['n']:.1f} |"
         for r in rows
-        if r["n"]
-    ]
+    )
+    searched = "\n".join(
+        f"| {r['set']} | {r['n']} | {r['answer_searched']} | {100 * r['answer_searched'] / r['n']:.1f} |"
+        for r in rows
+        if r["rule"] == next(iter(RULES))
+    )
     return (
         f"# Bridge quotes: how often a rule's quote of the last hop holds the answer\n\n`{command}`\n\n"
         "Chains: the part's bridge, compositional and multi-hop questions with a gold plan whose answer is not yes "
-        "or no. A quote is clipped as the gold clips it (24 words).\n\n" + head + "\n".join(lines) + "\n"
+        "or no. A quote is clipped as the gold clips it (24 words).\n\n"
+        "| set | rule | chains | answer in the last passage | quote holds the answer | % of chains |\n"
+        f"|---|---|---|---|---|---|\n{quotes}\n\n"
+        "Chains whose answer is the last hop's title, the entity the gold searched last:\n\n"
+        f"| set | chains | answered with the last hop's title | % |\n|---|---|---|---|\n{searched}\n"
     )
 
 

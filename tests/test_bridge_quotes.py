@@ -29,6 +29,9 @@ ROWS = [
     # "directed Red Sun" shares more of the question than "buried in Busan" until the first hop's words are spent
     {"id": "q2", "question": "Where was the director of Red Sun buried?", "golden_answers": ["Busan"],
      "type": "bridge", "supporting_titles": ["Red Sun", "Al Kim"], "supporting_doc_ids": ["p3", "p4"]},
+    # the answer is the entity the gold searched last
+    {"id": "q12", "question": "Which director made Blue Moon?", "golden_answers": ["Jo Park"],
+     "type": "bridge", "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]},
     {"id": "q3", "question": "Was the director of Blue Moon born in Seoul?", "golden_answers": ["yes"],
      "type": "bridge", "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]},
     {"id": "q4", "question": "Which film came first, Blue Moon or Red Sun?", "golden_answers": ["Blue Moon"],
@@ -52,10 +55,11 @@ def test_each_rule_is_counted_on_the_chains_whose_answer_is_a_name(data, tmp_pat
     out = tmp_path / "bq"
     rows = bridge_quotes.main(["--data", str(data), "--sets", "toyqa", "--out", str(out)])
     held = {r["rule"]: r["held"] for r in rows}
-    assert list(held.values()) == [2, 1, 1, 2]  # answer-naming, first, first + shared words, words spent
-    assert {(r["n"], r["in_passage"]) for r in rows} == {(2, 2)}  # q3 (yes) and q4 (a comparison) left out
+    assert list(held.values()) == [3, 2, 2, 3]  # answer-naming, first, first + shared words, words spent
+    assert {(r["n"], r["in_passage"], r["answer_searched"]) for r in rows} == {(3, 3, 1)}  # q3 (yes), q4 left out
     page = out.with_suffix(".md").read_text()
-    assert "| toyqa | the same, without the earlier hops' words | 2 | 2 | 2 | 100.0 |" in page
+    assert "| toyqa | the same, without the earlier hops' words | 3 | 3 | 3 | 100.0 |" in page
+    assert "| toyqa | 3 | 1 | 33.3 |" in page
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 

@@ -368,7 +368,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
     answer = (record.get("golden_answers") or [None])[0]
     about_time = bool(_TIME_WORDS.search(record["question"]))
     for r, steps in enumerate(plan):
-        following = [_plain_title(s["sub_question"]) for s in plan[r + 1]] if r + 1 < len(plan) else []
+        following = [plain_title(s["sub_question"]) for s in plan[r + 1]] if r + 1 < len(plan) else []
         for step in steps:
             contents = passages.get(step["passage_id"])
             if contents is None:
@@ -385,7 +385,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 step["finding"] = quote(contents, answer)
 
 
-def _plain_title(title: str) -> str:
+def plain_title(title: str) -> str:
     """A title without its parenthesised qualifier: ``Unbreakable (film)`` → ``Unbreakable``."""
     return re.sub(r"\s*\(.*?\)", "", title).strip() or title
 
@@ -495,7 +495,7 @@ def _chain_starts(plan: Sequence[Sequence[dict[str, Any]]]) -> list[str] | None:
         return None
     starts = []
     for step in plan[1]:
-        plain = _plain_title(step["sub_question"])
+        plain = plain_title(step["sub_question"])
         leads = [
             a["sub_question"]
             for a in plan[0]
@@ -737,7 +737,7 @@ def yes_no_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     the property (``Muzzle: yes; Screaming Trees: not stated. Not both.``). None when a name is not in the
     question, a country cannot be read, or the check does not give ``answer``: a check the passages do not
     bear out would teach guessing."""
-    names = [_plain_title(s["sub_question"]) for s in steps]
+    names = [plain_title(s["sub_question"]) for s in steps]
     lowered = question.lower()
     if any(name.lower() not in lowered for name in names):
         return None
