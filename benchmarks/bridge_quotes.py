@@ -19,7 +19,6 @@ Writes ``OUT.md`` and ``OUT.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, save
 from ps_agent.metrics import cover_exact_match, exact_match
 from ps_agent.questions import SHARED_DATA
 from training.gold import (
@@ -118,10 +117,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if not any(r["n"] for r in rows):
         parser.error(f"no chain with a gold plan in {args.sets} under {args.data}")
     command = "python benchmarks/bridge_quotes.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rows, command))
-    print(markdown(rows, command))
+    page = markdown(rows, command)
+    save(args.out, {"command": command, "rows": rows}, page)
+    print(page)
     return rows
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, Run
+from benchmarks.common import RESULTS, Run, save
 from ps_agent.metrics import cover_exact_match, mean
 from ps_agent.questions import SHARED_DATA
 from training.gold import passages_by_id, yes_no
@@ -198,10 +198,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if not rows:
         parser.error(f"no question of these runs has gold passages under {args.data}")
     command = "python benchmarks/evidence.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rows, command))
-    print(markdown(rows, command))
+    page = markdown(rows, command)
+    save(args.out, {"command": command, "rows": rows}, page)
+    print(page)
     return rows
 
 
