@@ -18,7 +18,9 @@ looked up in that corpus, and per set and question class the page gives:
   answer was: **quoted** (the last think turn wrote the answer down, then answered something else: a miss of
   picking the span), **last round, not quoted** (a passage of the last search round held it, the think turn quoted
   another sentence: a miss of picking the sentence), and **earlier round only** (only a passage of an earlier round
-  held it: the chain went on past it).
+  held it: the chain went on past it). Of the quoted ones, those whose answer **nests** with a gold answer (one
+  holds the other as whole words: ``Dunn`` for ``David Dunn``, ``Alachua County, Florida`` for ``Alachua``) missed
+  only where the span ends, not which entity it names.
 - **answered with a search query**: the share of those counted questions answered wrong with one of the queries
   the policy searched (or words of one, or a phrase holding one): a policy that names the entity it looked up
   last instead of what its passage says about it.
@@ -79,11 +81,16 @@ def gold_of(folder: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
     return support, passages_by_id(folder / "corpus.jsonl")
 
 
+def nests(answer: str | None, golden: list[str]) -> bool:
+    """An answer and some gold answer hold one another as whole words, either way round (``Dunn``, ``David Dunn``)."""
+    return bool(answer) and any(cover_exact_match(answer, [g]) or cover_exact_match(g, [answer]) for g in golden)
+
+
 def searched_answer(record: dict[str, Any]) -> bool:
     """An eval line's answer names one of its search queries (as whole words, either way round)."""
     answer = record.get("answer")
     queries = [q for round_ in record["timeline"]["search_rounds"] for q in round_["sub_queries"]]
-    return bool(answer) and any(cover_exact_match(q, [answer]) or cover_exact_match(answer, [q]) for q in queries)
+    return any(nests(answer, [q]) for q in queries)
 
 
 def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) -> dict[str, Any]:
@@ -92,12 +99,14 @@ def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) 
     readable = yes_no(record["golden_answers"]) is None
     read = " ".join(texts.get(i, "") for i in found)
     retrieved = cover_exact_match(read, record["golden_answers"]) if readable else None
+    missed = missed_where(record, texts) if retrieved and not record["em"] else None
     return {
         "support_found": sum(i in found for i in support) / len(support),
         "all_support": all(i in found for i in support),
         "answer_retrieved": retrieved,
         "em": record["em"],
-        "missed": missed_where(record, texts) if retrieved and not record["em"] else None,
+        "missed": missed,
+        "span": missed == "quoted" and nests(record.get("answer"), record["golden_answers"]),
         "searched_answer": (not record["em"] and searched_answer(record)) if readable else None,
     }
 
@@ -125,6 +134,7 @@ def summary(items: list[dict[str, Any]]) -> dict[str, Any]:
         "em_when_retrieved": percent(x["em"] for x in retrieved),
         "retrieved_not_answered": percent(bool(x["answer_retrieved"]) and not x["em"] for x in readable),
         **{key: percent(x["missed"] == where for x in readable) for key, where in MISSED.items()},
+        "missed_quoted_span": percent(x["span"] for x in readable),
         "wrong_searched_answer": percent(x["searched_answer"] for x in readable),
     }
 
@@ -161,15 +171,16 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
 
     head = (
         "| run | set | class | n | EM % | gold passages found % | all found % | answer retrieved % (of n) "
-        "| EM when retrieved % | retrieved, not answered % | of which quoted % | last round, not quoted % "
-        "| earlier round only % | wrong, answered with a search query % |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| EM when retrieved % | retrieved, not answered % | of which quoted % | (quoted, the answer nests) % "
+        "| last round, not quoted % | earlier round only % | wrong, answered with a search query % |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['run']} | {r['dataset']} | {r['class']} | {r['n']} | {cell(r['em'])} | {cell(r['support_found'])} "
         f"| {cell(r['all_support'])} | {cell(r['answer_retrieved'])} ({r['readable']}) "
         f"| {cell(r['em_when_retrieved'])} | {cell(r['retrieved_not_answered'])} | {cell(r['missed_quoted'])} "
-        f"| {cell(r['missed_last_round'])} | {cell(r['missed_earlier_round'])} | {cell(r['wrong_searched_answer'])} |"
+        f"| {cell(r['missed_quoted_span'])} | {cell(r['missed_last_round'])} | {cell(r['missed_earlier_round'])} "
+        f"| {cell(r['wrong_searched_answer'])} |"
         for r in rows
     ]
     return (
@@ -179,6 +190,8 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "questions whose answer was retrieved and still answered wrong, a miss of reading, not retrieval; it is the "
         "sum of the next three: the last think turn quoted the answer and answered something else; a passage of the "
         "last search round held it and the think turn quoted another sentence; only an earlier round held it. "
+        "The answer nests: of the quoted ones, those whose answer and a gold answer hold one another as whole "
+        "words (`Dunn` for `David Dunn`), a miss of where the span ends, not of which entity it names. "
         "Answered with a search query: of the same counted questions, the share answered wrong with (words of) a "
         "query the policy searched.\n\n" + head + "\n".join(lines) + "\n"
     )

@@ -78,9 +78,11 @@ def test_gold_passages_answers_retrieved_and_reading_misses(folders, tmp_path, c
     assert by["toyqa", "all"]["n"] == 3
     assert "nocorpus: no dev.jsonl and corpus.jsonl" in capsys.readouterr().err
     page = out.with_suffix(".md").read_text()
-    sequential = "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |"
+    sequential = (
+        "| v | toyqa | sequential | 2 | 50.0 | 75.0 | 50.0 | 50.0 (2) | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |"
+    )
     assert sequential in page
-    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – | – | – | – | – |" in page
+    assert "| v | toyqa | parallelisable | 1 | 0.0 | 100.0 | 100.0 | – (0) | – | – | – | – | – | – | – |" in page
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 
@@ -142,3 +144,20 @@ def test_a_wrong_answer_that_names_a_searched_query_is_counted(folders, tmp_path
     (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
               if r["class"] == "sequential"]  # fmt: skip
     assert row["wrong_searched_answer"] == 50.0
+
+
+def test_a_quoted_miss_that_only_cuts_the_span_wrong_is_told_apart(folders, tmp_path):
+    data, run = folders
+    think = "Dunn is played by Bruce Willis."
+    lines = [
+        line("b2", "sequential", "Willis", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]], think=think),  # a part
+        line("b3", "sequential", "actor Bruce Willis", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]], think=think),
+        line("b4", "sequential", "David Dunn", ["Bruce Willis"], 0.0, [["p-film"], ["p-dunn"]], think=think),  # another
+        line("b5", "sequential", "Bruce", ["Bruce Willis"], 0.0, [["p-dunn"], ["p-film"]]),  # nests, but not quoted
+    ]
+    questions = [dict(QUESTIONS[0], id=qid) for qid in ("b2", "b3", "b4", "b5")]
+    (data / "toyqa" / "dev.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    (run / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
+              if r["class"] == "sequential"]  # fmt: skip
+    assert row["missed_quoted"] == 75.0 and row["missed_quoted_span"] == 50.0
