@@ -19,6 +19,7 @@ import json
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,26 @@ def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, boo
     }
 
 
-def compare(runs: list[Run], ours: str | None, baseline: str | None, bootstrap: int, seed: int = 0) -> dict:
+def compare(
+    runs: list[Run],
+    ours: str | None,
+    baseline: str | None,
+    bootstrap: int,
+    seed: int = 0,
+    sets: Sequence[str] | None = None,
+) -> dict:
     """Every table, as data: ``by_class`` (Table 3), ``by_dataset`` (Table 2), ``pooled`` (Table 4: per question
     class over all datasets, and ``all``) and ``ours_vs_baseline`` (per dataset and class, then per class over
-    every set: ``every set/CLASS``)."""
+    every set: ``every set/CLASS``). ``sets``: only these datasets' lines, so that the pooled rows are over them
+    (the 65 real comparisons of HotpotQA and 2Wiki, without the synthetic world's)."""
     rng = np.random.default_rng(seed)
     lines = {run.name: run.records() for run in runs}
+    if sets:
+        for name, records in lines.items():
+            if not any(r["dataset"] in sets for r in records):
+                have = ", ".join(sorted({r["dataset"] for r in records}))
+                raise ValueError(f"--sets {','.join(sets)}: run {name!r} has no line of these sets (it has: {have})")
+        lines = {name: [r for r in records if r["dataset"] in sets] for name, records in lines.items()}
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {
         "runs": {r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors()} for r in runs}
@@ -293,7 +308,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def paper_tables(
-    runs: list[Run], ours: str | None, baseline: str | None, bootstrap: int, out: Path, seed: int = 0
+    runs: list[Run],
+    ours: str | None,
+    baseline: str | None,
+    bootstrap: int,
+    out: Path,
+    seed: int = 0,
+    sets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Every table (``compare``) written to ``OUT.json``, ``OUT.md`` and ``figure(OUT)``, with the ``paper_table.py``
     command that makes them again from the same eval folders."""
@@ -303,8 +324,9 @@ def paper_tables(
             raise ValueError(f"{flag} {name!r} is not a --run name (expected one of {', '.join(sorted(known))})")
     if bootstrap < 100:
         raise ValueError(f"--bootstrap must be at least 100 resamples for a 95% interval, got {bootstrap}")
-    result = compare(runs, ours, baseline, bootstrap, seed)
+    result = compare(runs, ours, baseline, bootstrap, seed, sets)
     flags = [f"--run {run.name}={run.folder}:{run.mode}" for run in runs]
+    flags += [f"--sets {','.join(sets)}"] if sets else []
     flags += [f"{flag} {name}" for flag, name in (("--ours", ours), ("--baseline", baseline)) if name is not None]
     flags += [f"--bootstrap {bootstrap}", f"--out {out}"]
     result["command"] = " ".join(["python benchmarks/paper_table.py", *flags])

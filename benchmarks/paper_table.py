@@ -2,7 +2,8 @@
 
     python benchmarks/paper_table.py --run base=runs/eval-base --run sft=runs/eval-sft \
         --run grpo=runs/eval-grpo --run search-r1=runs/eval-grpo-seq:sequential \
-        --baseline search-r1 --ours grpo [--bootstrap 2000] [--out benchmarks/results/paper_table]
+        --baseline search-r1 --ours grpo [--sets hotpotqa,2wikimultihopqa] [--bootstrap 2000] \
+        [--out benchmarks/results/paper_table]
 
 Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder and the mode whose lines stand for that model
 (default ``parallel``; a Search-R1 baseline is read in ``sequential`` mode). Writes ``OUT.md``, ``OUT.json`` and
@@ -16,6 +17,9 @@ Each ``--run NAME=DIR[:MODE]`` is a ``ps-agent eval`` output folder and the mode
   questions and the turns on parallelisable ones, with intervals;
 - ours vs the baseline on the questions both answered: the EM difference and the turns ratio, each with a paired
   bootstrap interval (the same resampled questions for both models).
+
+``--sets`` keeps only those datasets' lines, so that the pooled rows are over them alone (the ship rule's 65 real
+comparisons: ``--sets hotpotqa,2wikimultihopqa`` on runs evaluated on every set).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--baseline", help="e.g. the Search-R1 baseline's run name")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sets", help="only these datasets, comma-separated, e.g. hotpotqa,2wikimultihopqa")
     parser.add_argument("--out", type=Path, default=RESULTS / "paper_table")
     args = parser.parse_args(argv)
     try:
         runs = [Run.parse(text) for text in args.run]
-        return paper_tables(runs, args.ours, args.baseline, args.bootstrap, args.out, args.seed)
+        sets = [name.strip() for name in args.sets.split(",") if name.strip()] if args.sets else None
+        return paper_tables(runs, args.ours, args.baseline, args.bootstrap, args.out, args.seed, sets)
     except ValueError as exc:
         parser.error(str(exc))
 

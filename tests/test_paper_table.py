@@ -102,6 +102,17 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert again["by_class"] == result["by_class"]  # seeded: the same intervals
 
 
+def test_sets_pool_only_the_datasets_named(runs, tmp_path):
+    ours, baseline = runs
+    argv = ["--run", f"ours={ours}", "--run", f"search-r1={baseline}:sequential", "--baseline", "search-r1"]
+    out = tmp_path / "hotpot"
+    result = paper_table.main([*argv, "--ours", "ours", "--sets", "hotpotqa", "--bootstrap", "500", "--out", str(out)])
+    assert set(result["by_dataset"]) == {"hotpotqa"}  # nq's line is left out of every table
+    assert result["pooled"]["all"]["search-r1"]["n"] == 4 and result["pooled"]["all"]["search-r1"]["em"] == 50.0
+    assert "single-hop" not in result["pooled"]
+    assert "--sets hotpotqa" in result["command"] and "--sets hotpotqa" in out.with_suffix(".md").read_text()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -110,6 +121,7 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
         (["--run", "ours=/nonexistent"], "has no results/ folder"),
         (["--run", "ours={ours}", "--baseline", "sr1"], "--baseline 'sr1' is not a --run name"),
         (["--run", "ours={ours}", "--bootstrap", "10"], "at least 100"),
+        (["--run", "ours={ours}", "--sets", "musique"], "run 'ours' has no line of these sets (it has: hotpotqa)"),
     ],
 )
 def test_bad_arguments_say_what_was_expected(runs, args, message, capsys):
