@@ -155,6 +155,7 @@ def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tm
             | {"id": f"q{i}", "mode": "parallel", "question": f"question {i}", "golden_answers": ["a"], "answer": "a"}
             for i, (em, dataset) in enumerate(zip(ems, ["hotpotqa", "hotpotqa", "musique", "musique"], strict=True))
         ]
+        lines[3] |= {"error": "RuntimeError: boom"}  # a MuSiQue question whose run failed
         (tmp_path / name / "results").mkdir(parents=True)
         (tmp_path / name / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         (tmp_path / name / "runs.jsonl").write_text(
@@ -172,3 +173,4 @@ def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tm
     assert paper["pooled"]["all"]["ours"]["n"] == 2 and paper["pooled"]["all"]["ours"]["em"] == 100.0
     assert paper["ours_vs_baseline"]["every set/parallelisable"]["n"] == 2
     assert "--sets hotpotqa" in paper["command"]
+    assert "boom" not in out.with_suffix(".md").read_text()  # nor are another set's failed questions listed
