@@ -125,20 +125,24 @@ class Run:
             raise ValueError(f"bad mode {mode!r} in --run {text!r}: expected parallel or sequential")
         return cls(name, Path(folder), mode or "parallel")
 
-    def records(self) -> list[dict[str, Any]]:
-        """The latest line of each question of this run's mode that ran without error."""
+    def records(self, sets: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The latest line of each question of this run's mode that ran without error; ``sets``: of only these
+        datasets (a run with none of them is refused, naming the ones it has)."""
         if not (self.folder / "results").is_dir():
             raise ValueError(f"{self.folder} has no results/ folder (expected a `ps-agent eval` output folder)")
         lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is None]
         if not lines:
             raise ValueError(f"no {self.mode}-mode result lines without error in {self.folder}/results")
-        return lines
+        if sets and not any(r["dataset"] in sets for r in lines):
+            have = ", ".join(sorted({r["dataset"] for r in lines}))
+            raise ValueError(f"--sets {','.join(sets)}: run {self.name!r} has no line of these sets (it has: {have})")
+        return [r for r in lines if r["dataset"] in sets] if sets else lines
 
-    def errors(self) -> list[str]:
-        """The questions of this run's mode whose latest line ended in an error (``records`` leaves them out), as
-        ``DATASET ID: ERROR``."""
+    def errors(self, sets: Sequence[str] | None = None) -> list[str]:
+        """The questions of this run's mode (and of ``sets``) whose latest line ended in an error (``records``
+        leaves them out), as ``DATASET ID: ERROR``."""
         lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is not None]
-        return [f"{r['dataset']} {r['id']}: {r['error']}" for r in lines]
+        return [f"{r['dataset']} {r['id']}: {r['error']}" for r in lines if not sets or r["dataset"] in sets]
 
 
 def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
@@ -174,16 +178,10 @@ def compare(
     every set: ``every set/CLASS``). ``sets``: only these datasets' lines, so that the pooled rows are over them
     (the 65 real comparisons of HotpotQA and 2Wiki, without the synthetic world's)."""
     rng = np.random.default_rng(seed)
-    lines = {run.name: run.records() for run in runs}
-    if sets:
-        for name, records in lines.items():
-            if not any(r["dataset"] in sets for r in records):
-                have = ", ".join(sorted({r["dataset"] for r in records}))
-                raise ValueError(f"--sets {','.join(sets)}: run {name!r} has no line of these sets (it has: {have})")
-        lines = {name: [r for r in records if r["dataset"] in sets] for name, records in lines.items()}
+    lines = {run.name: run.records(sets) for run in runs}
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {
-        "runs": {r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors()} for r in runs}
+        "runs": {r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors(sets)} for r in runs}
     }
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
     for dataset in datasets:
@@ -343,7 +341,7 @@ EMBEDDED_CORPUS = ("bamboogle", "nq")
 
 
 def validation_sets(
-    out: Path, nq: int, classes: set[str] | None = None, names: set[str] | None = None, seed: int = 0
+    out: Path, nq: int, classes: set[str] | None = None, names: Sequence[str] | None = None, seed: int = 0
 ) -> dict[str, Path]:
     """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
     held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when

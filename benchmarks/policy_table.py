@@ -177,7 +177,7 @@ def main() -> None:
     policies = [parse_policy(p) for p in args.policy]
     started = time.time()
     classes = set(args.classes.split(",")) if args.classes else None
-    names = set(args.sets.split(",")) if args.sets else None
+    names = sorted(set(args.sets.split(","))) if args.sets else None
     folder = args.run_dir / ("sets" if classes is None else f"sets-{'-'.join(sorted(classes))}")
     sets = {} if args.tables_only else validation_sets(folder, args.nq, classes, names)
     runs, table, yes_no, made, errors = [], [], [], {}, {}
@@ -190,10 +190,7 @@ def main() -> None:
             added = [d for d in sets if after.get(d, 0) > before.get(d, 0)]
             record_devices(args.run_dir / name, added, args.device)
         run = Run(name, args.run_dir / name, mode)
-        records, errors[name] = run.records(), run.errors()
-        if names:  # the tables, like the evaluation, cover only the sets named
-            records = [r for r in records if r["dataset"] in names]
-            errors[name] = [e for e in errors[name] if e.split(" ", 1)[0] in names]
+        records, errors[name] = run.records(names), run.errors(names)  # the tables, like the evaluation: only --sets
         made[name] = "`, then `".join(commands(args.run_dir / name))
         devices = recorded_devices(args.run_dir / name)
         table += [
@@ -208,9 +205,7 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(table, command, made, errors) + yes_no_markdown(yes_no))
     compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
-    paper_tables(
-        runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"), sets=sorted(names or ())
-    )
+    paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"), sets=names)
 
 
 if __name__ == "__main__":

@@ -174,3 +174,4 @@ def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tm
     assert paper["ours_vs_baseline"]["every set/parallelisable"]["n"] == 2
     assert "--sets hotpotqa" in paper["command"]
     assert "boom" not in out.with_suffix(".md").read_text()  # nor are another set's failed questions listed
+    assert "boom" not in out.with_name("table_paper.md").read_text()  # in either page
