@@ -11,7 +11,8 @@ director of film X born?"). For the chains of each shared set's ``--part`` whose
 counts how often each rule's quote holds the gold answer (SQuAD-normalised, whole words, as the eval reads it).
 A rule that misses the answer would teach the policy to answer from a sentence without it. It also counts the
 chains whose answer is the last hop's title itself, the entity the gold searched last: there the gold teaches the
-policy to answer with what it searched.
+policy to answer with what it searched, unless the answer turn checks it against the question (``title_check``),
+which the last table counts.
 
 Writes ``OUT.md`` and ``OUT.json``.
 """
@@ -37,6 +38,7 @@ from training.gold import (
     quote,
     quote_for,
     shared_questions,
+    title_check,
     yes_no,
 )
 
@@ -63,17 +65,18 @@ def rows_for(name: str, questions: list[GoldQuestion], passages: dict[str, str])
     """One row per rule: of the set's chains (their answer not yes/no), how many quotes hold the answer."""
     chains = [q for q in questions if q.question_class == "sequential" and yes_no(q.golden_answers) is None]
     held = {rule: 0 for rule in RULES}
-    in_passage = searched = 0
+    in_passage = searched = checked = 0
     for q in chains:
         (step,) = q.plan[-1]
         text = passages[step["passage_id"]]
         in_passage += bool(cover_exact_match(text, q.golden_answers))
         searched += bool(exact_match(plain_title(step["sub_question"]), q.golden_answers))
+        checked += title_check(q) is not None
         for rule, take in RULES.items():
             held[rule] += bool(cover_exact_match(take(text, q, step), q.golden_answers))
     return [
         {"set": name, "rule": rule, "n": len(chains), "in_passage": in_passage, "held": held[rule],
-         "answer_searched": searched}
+         "answer_searched": searched, "answer_checked": checked}
         for rule in RULES
     ]  # fmt: skip
 
@@ -85,7 +88,8 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         for r in rows
     )
     searched = "\n".join(
-        f"| {r['set']} | {r['n']} | {r['answer_searched']} | {100 * r['answer_searched'] / r['n']:.1f} |"
+        f"| {r['set']} | {r['n']} | {r['answer_searched']} | {100 * r['answer_searched'] / r['n']:.1f} | "
+        f"{r['answer_checked']} |"
         for r in rows
         if r["rule"] == next(iter(RULES))
     )
@@ -95,8 +99,10 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "or no. A quote is clipped as the gold clips it (24 words).\n\n"
         "| set | rule | chains | answer in the last passage | quote holds the answer | % of chains |\n"
         f"|---|---|---|---|---|---|\n{quotes}\n\n"
-        "Chains whose answer is the last hop's title, the entity the gold searched last:\n\n"
-        f"| set | chains | answered with the last hop's title | % |\n|---|---|---|---|\n{searched}\n"
+        "Chains whose answer is the last hop's title, the entity the gold searched last, and those whose answer turn "
+        "checks it against the question (`training.gold.title_check`: a phrase of the question the quote holds):\n\n"
+        "| set | chains | answered with the last hop's title | % | checked |\n|---|---|---|---|---|\n"
+        f"{searched}\n"
     )
 
 

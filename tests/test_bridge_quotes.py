@@ -32,6 +32,9 @@ ROWS = [
     # the answer is the entity the gold searched last
     {"id": "q12", "question": "Which director made Blue Moon?", "golden_answers": ["Jo Park"],
      "type": "bridge", "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]},
+    # and the question asks for what its passage says ("director from Seoul"): the gold checks it
+    {"id": "q13", "question": "Which director from Seoul made Blue Moon?", "golden_answers": ["Jo Park"],
+     "type": "bridge", "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]},
     {"id": "q3", "question": "Was the director of Blue Moon born in Seoul?", "golden_answers": ["yes"],
      "type": "bridge", "supporting_titles": ["Blue Moon", "Jo Park"], "supporting_doc_ids": ["p1", "p2"]},
     {"id": "q4", "question": "Which film came first, Blue Moon or Red Sun?", "golden_answers": ["Blue Moon"],
@@ -55,11 +58,12 @@ def test_each_rule_is_counted_on_the_chains_whose_answer_is_a_name(data, tmp_pat
     out = tmp_path / "bq"
     rows = bridge_quotes.main(["--data", str(data), "--sets", "toyqa", "--out", str(out)])
     held = {r["rule"]: r["held"] for r in rows}
-    assert list(held.values()) == [3, 2, 2, 3]  # answer-naming, first, first + shared words, words spent
-    assert {(r["n"], r["in_passage"], r["answer_searched"]) for r in rows} == {(3, 3, 1)}  # q3 (yes), q4 left out
+    assert list(held.values()) == [4, 3, 3, 4]  # answer-naming, first, first + shared words, words spent
+    # q12 and q13 answer with the entity searched last; q13's answer turn checks it; q3 (yes) and q4 are left out
+    assert {(r["n"], r["in_passage"], r["answer_searched"], r["answer_checked"]) for r in rows} == {(4, 4, 2, 1)}
     page = out.with_suffix(".md").read_text()
-    assert "| toyqa | the same, without the earlier hops' words | 3 | 3 | 3 | 100.0 |" in page
-    assert "| toyqa | 3 | 1 | 33.3 |" in page
+    assert "| toyqa | the same, without the earlier hops' words | 4 | 4 | 4 | 100.0 |" in page
+    assert "| toyqa | 4 | 2 | 50.0 | 1 |" in page
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 

@@ -22,7 +22,9 @@ from training.gold import (
     GoldSet,
     TeacherPolicy,
     asked_date,
+    asked_phrase,
     build_episodes,
+    check_chains,
     compare_two,
     comparison_verdict,
     episode,
@@ -306,6 +308,29 @@ def test_the_summary_counts_real_yes_no_episodes_by_answer_and_by_whether_they_s
     assert report["real_yes_no"] == {"yes": 1, "no": 1, "with_check": 1}
 
 
+def test_the_summary_counts_real_chains_that_end_on_their_answer_and_those_checked():
+    passage = "Gian Carlo Menotti (1911 – 2007) was an Italian-American composer and librettist."
+    questions = [
+        opera_chain(
+            "Which Italian-American composer and librettist wrote Maria Golovin?", "Gian Carlo Menotti", passage
+        ),
+        opera_chain("Which composer wrote Maria Golovin?", "Gian Carlo Menotti", passage),  # no phrase to check
+        opera_chain("When was the composer of Maria Golovin born?", "1911", passage),  # ends on a value
+    ]
+    for i, q in enumerate(questions):
+        q.id = f"q{i}"
+
+    def report(gold):
+        episodes = [{"id": q.id, "source": "hotpotqa", "question_class": "sequential", "prompt_ids": [1],
+                     "completion_ids": [2], "env_mask": [1]} for q in gold.questions]  # fmt: skip
+        return summary(gold, episodes, Counter(), len(episodes))["real_ends_on_answer"]
+
+    assert report(GoldSet(list(questions))) == {"chains": 2, "checked": 0}  # the shipped gold's form
+    checked = GoldSet(list(questions))
+    check_chains(checked)
+    assert report(checked) == {"chains": 1, "checked": 1}
+
+
 def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_sets_first_beside_capped_others(capsys):
     """Issue 25: the default policy answers yes to most questions whose answer is no; ``--yes-no N`` draws N/2 of
     each, never an unchecked one, and caps the rest by source and class as a rehearsal of what it knew."""
@@ -396,6 +421,69 @@ def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answ
     ]
     assert quote('"T"\nOne. Two names Jo Park.', "Nobody") == "One"  # no sentence names it: the first
     assert first_date('"T"\nNo dates here.') is None
+
+
+def opera_chain(question, golden, second_passage):
+    """A HotpotQA-form bridge that searches the opera, then its composer, as the gold plan does."""
+    rec = record("bridge", question, ["Maria Golovin", "Gian Carlo Menotti"])
+    rec["golden_answers"] = [golden]
+    passages = {
+        "id-Maria Golovin": '"Maria Golovin"\nMaria Golovin is an opera in three acts by Gian Carlo Menotti.',
+        "id-Gian Carlo Menotti": f'"Gian Carlo Menotti"\n{second_passage}',
+    }
+    plan = plan_from_titles(rec, passages)
+    return GoldQuestion("q", question, [golden], "bridge", plan, "hotpotqa", "c")
+
+
+def test_a_chain_that_ends_on_its_answer_checks_the_answer_against_the_question():
+    """Issue 25: 19% of HotpotQA's train chains answer with the entity they searched last, and the policy learned
+    to answer with an entity it searched, right or not (a third of the validation bridges). Under
+    ``--checked-chains`` such a chain's answer turn quotes what the last passage says that the question asks for,
+    and says so; one where no such phrase can be read is left out. The shipped gold's turns stay as they were."""
+    passage = (
+        "Gian Carlo Menotti (July 7, 1911 – February 1, 2007) was born in Italy. "
+        "He was an Italian-American composer and librettist."
+    )
+    q = opera_chain("Which Italian-American composer and librettist wrote the opera Maria Golovin?",
+                    "Gian Carlo Menotti", passage)  # fmt: skip
+    thin = opera_chain("Which composer wrote the opera Maria Golovin?", "Gian Carlo Menotti", passage)  # one word
+    born = opera_chain("In which year was the composer of Maria Golovin born?", "1911", passage)  # ends on a value
+    before = {x.question: teacher_turns(x, "parallel", random.Random(0))[-1] for x in (q, thin, born)}
+    assert not any("The question asks for" in turn for turn in before.values())
+
+    gold = GoldSet([q, thin, born])
+    check_chains(gold)
+    assert [x.question for x in gold.questions] == [q.question, born.question]
+    assert gold.skipped == Counter(
+        {"a chain answered with the entity it searched last, unchecked (--checked-chains)": 1}
+    )
+    check = (
+        'The question asks for "Italian-American composer and librettist", and Gian Carlo Menotti\'s passage says it.'
+    )
+    last = teacher_turns(q, "parallel", random.Random(0))[-1]
+    # the quote adds the sentence that holds what the question asks for to the first one, then the check
+    assert "He was an Italian-American composer and librettist" in last
+    assert f"{check} So the answer is Gian Carlo Menotti." in last and last.endswith(
+        "<answer> Gian Carlo Menotti </answer>"
+    )
+    assert teacher_turns(born, "parallel", random.Random(0))[-1] == before[born.question]
+
+
+def test_the_asked_phrase_is_the_longest_shared_run_of_the_questions_words_without_the_searched_names():
+    text = "Groundhog Day is a 1993 American fantasy-comedy film directed by Harold Ramis, starring Bill Murray"
+    assert (
+        asked_phrase("What 1993 American fantasy-comedy film stars Bill Murray?", text)
+        == "1993 American fantasy-comedy film"
+    )
+    assert asked_phrase("What film was directed by Harold Ramis?", text) == "directed by Harold Ramis"
+    # the searched entity's name is not a check of it, nor a stopword-edged run of one word
+    assert asked_phrase("What film was directed by Harold Ramis?", text, {"harol", "ramis"}) is None
+    assert (
+        asked_phrase(
+            "Which novel by Margaret Atwood?", "a novel by Canadian author Margaret Atwood", {"marga", "atwoo"}
+        )
+        is None
+    )
 
 
 def test_gold_questions_whose_passages_are_missing_or_whose_hops_look_reversed_are_counted(tmp_path):

@@ -383,6 +383,11 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 step["asked_sentence"] = date is None and step["finding"] != quote(contents)
             else:
                 step["finding"] = quote(contents, answer)
+                if r and answer and _normalised(plain_title(step["sub_question"])) == _normalised(answer):
+                    # the chain ends on the entity it answers with: what its passage says that the question asks
+                    # for, which ``check_chains`` quotes in place of the finding to check the answer against
+                    spent = " ".join(f"{s['sub_question']} {s['finding'] or ''}" for hop in plan[:r] for s in hop)
+                    step["asked_finding"] = quote_for(contents, record["question"], f"{step['sub_question']} {spent}")
 
 
 def plain_title(title: str) -> str:
@@ -472,7 +477,7 @@ def answer_verdict(q: GoldQuestion) -> str | None:
     """The check the answer turn spells out before answering (a comparison, a ranked pair, a yes/no), or None
     where the last round reads one entity or no check gives the gold answer."""
     if len(q.plan[-1]) < 2:
-        return None
+        return q.plan[-1][0].get("check")  # a chain that ends on its answer, checked (``check_chains``)
     answer = q.golden_answers[0]
     # a hybrid may ask for where each chain started ("Which film has the director born first?"): the first round
     # names what each value belongs to, where each of its findings leads to the entity searched next
@@ -484,6 +489,74 @@ def answer_verdict(q: GoldQuestion) -> str | None:
         or yes_no_verdict(q.question, q.plan[-1], answer)
         or None
     )
+
+
+def title_check(q: GoldQuestion) -> str | None:
+    """The check a chain's answer turn spells out when the chain ends on the entity it answers with (19% of
+    HotpotQA's train chains: "Which Italian-American composer wrote the opera Maria Golovin?" searches the opera,
+    then Gian Carlo Menotti): what the question asks for, as the last passage's quote says it of that entity
+    (``The question asks for "Italian-American composer and librettist", and Gian Carlo Menotti's passage says
+    it.``). Gold that answered with the entity it searched last and no check taught the policy to answer with an
+    entity it searched, right or not. The quote is the last passage's first sentence and the one sharing most of
+    the question's words (``asked_finding``). None for other chains, and where the quote shares no phrase with the
+    question beyond the searched names."""
+    if not ends_on_answer(q) or not q.plan[-1][0].get("asked_finding"):
+        return None
+    (step,) = q.plan[-1]
+    title = plain_title(step["sub_question"])
+    named = _key_words(" ".join(s["sub_question"] for hop in q.plan[:-1] for s in hop) + f" {title}")
+    phrase = asked_phrase(q.question, step["asked_finding"], named)
+    return phrase and f'The question asks for "{phrase}", and {title}\'s passage says it.'
+
+
+def check_chains(gold: GoldSet) -> None:
+    """``gold.py --checked-chains``: each chain that ends on the entity it answers with quotes what its last
+    passage says that the question asks for and checks the answer against it before answering (``title_check``),
+    or is left out, counted among the skipped, where no check can be read. The shipped gold has neither."""
+    kept = []
+    for q in gold.questions:
+        if ends_on_answer(q):
+            check = title_check(q)
+            if check is None:
+                gold.skipped["a chain answered with the entity it searched last, unchecked (--checked-chains)"] += 1
+                continue
+            step = q.plan[-1][0]
+            step["finding"], step["check"] = step["asked_finding"], check
+        kept.append(q)
+    gold.questions = kept
+
+
+def ends_on_answer(q: GoldQuestion) -> bool:
+    """A chain whose last hop searches the entity it answers with."""
+    last = q.plan[-1]
+    return (
+        len(q.plan) > 1
+        and len(last) == 1
+        and _normalised(plain_title(last[0]["sub_question"])) == _normalised(q.golden_answers[0])
+    )
+
+
+def asked_phrase(question: str, text: str, names: set[str] = frozenset()) -> str | None:
+    """The longest run of the question's words that ``text`` also holds (case and punctuation aside), as the
+    question writes it, without stopwords at either end, and holding two content words or more that are not
+    ``names`` (``_key_words`` of the entities searched): ``Italian-American composer and librettist``, not
+    ``actor`` or ``novel by``. None when there is none."""
+    tokens = [(word, _normalised(word)) for word in question.split()]
+    body = f" {_normalised(text)} "
+    best: list[tuple[str, str]] = []
+    for i in range(len(tokens)):
+        for j in range(len(tokens), i + len(best), -1):  # the longest run from i first, longer than the best
+            run = " ".join(norm for _, norm in tokens[i:j] if norm)
+            if run and f" {run} " in body:
+                best = tokens[i:j]
+                break
+    while best and best[0][1] in _STOPWORDS | {""}:
+        best = best[1:]
+    while best and best[-1][1] in _STOPWORDS | {""}:
+        best = best[:-1]
+    if len(_key_words(" ".join(norm for _, norm in best)) - names) < 2:
+        return None
+    return " ".join(word for word, _ in best).replace('"', "").strip(" ?,.;:!'")
 
 
 def _chain_starts(plan: Sequence[Sequence[dict[str, Any]]]) -> list[str] | None:
@@ -925,6 +998,12 @@ def main(argv: list[str] | None = None) -> Path:
         help="leave out the yes/no episodes whose answer turn spells out no check (v5's gold held 20 of 38 real "
         "ones, most answered yes: they teach answering yes without reading); counted among the skipped",
     )
+    parser.add_argument(
+        "--checked-chains",
+        action="store_true",
+        help="a chain answered with the entity it searched last checks it against the question before answering "
+        "(35 of HotpotQA's 54 train chains), or is left out where no check can be read; counted among the skipped",
+    )
     args = parser.parse_args(argv)
     if args.yes_no < 0 or args.yes_no % 2:
         parser.error(f"--yes-no {args.yes_no}: expected an even count >= 0 (half answered yes, half no)")
@@ -934,6 +1013,8 @@ def main(argv: list[str] | None = None) -> Path:
     out = args.out or Path("runs/gold") / f"{args.mode}.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))
     gold = gold_questions(args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked)
+    if args.checked_chains:
+        check_chains(gold)
     episodes, skipped = build_episodes(
         gold.questions, args.mode, tokenizer, max_length=args.max_length, max_turns=args.max_turns, topk=args.topk,
         max_new_tokens=args.max_new_tokens,
@@ -1012,15 +1093,20 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
     whose passage gave a date to quote, and those where a sentence sharing the question's words was added;
     ``real_yes_no`` counts the kept episodes of the shared sets answered yes and no, and those whose answer turn
     spells out a check (a policy taught mostly unchecked yeses learns to say yes); ``yes_no`` counts every kept
-    episode answered yes and no."""
+    episode answered yes and no; ``real_ends_on_answer`` counts the kept chains of the shared sets that answer with
+    the entity they searched last, and those whose answer turn checks it against the question (``check_chains``)."""
     planned = len(gold.questions)
     by_id = {q.id: q for q in gold.questions}
     real_yes_no: Counter = Counter({"yes": 0, "no": 0, "with_check": 0})
+    ends_on_answer_counts: Counter = Counter({"chains": 0, "checked": 0})
     answered = Counter(yes_no(by_id[e["id"]].golden_answers) for e in episodes)
     for q in (by_id[e["id"]] for e in episodes if e["source"] != "synthetic"):
         if answer := yes_no(q.golden_answers):
             real_yes_no[answer] += 1
             real_yes_no["with_check"] += answer_verdict(q) is not None
+        if ends_on_answer(q):
+            ends_on_answer_counts["chains"] += 1
+            ends_on_answer_counts["checked"] += "check" in q.plan[-1][0]
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
         s
@@ -1046,6 +1132,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
             "entities": len(compared),
         },
         "real_yes_no": dict(real_yes_no),
+        "real_ends_on_answer": dict(ends_on_answer_counts),
         "yes_no": {"yes": answered["yes"], "no": answered["no"]},
         "skipped_without_plan": dict(gold.skipped),
         "skipped_episodes": dict(skipped),
