@@ -364,7 +364,9 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
     """Fill each step's ``finding`` from its gold passage, so the teacher's think turns quote what was read:
     a hop → the sentence naming the next round's entity (the bridge); compared entities → the passage's first
     date when the question is about time (``value_read``), else its first sentence and the one that shares most
-    of the question's words (``quote_for``); a last single hop → the sentence naming the answer."""
+    of the question's words (``quote_for``); a last single hop → the sentence naming the answer, and where that hop
+    searched the answer itself, what its passage says that the question asks for (``asked_finding``, for
+    ``check_chains``)."""
     answer = (record.get("golden_answers") or [None])[0]
     about_time = bool(_TIME_WORDS.search(record["question"]))
     for r, steps in enumerate(plan):
@@ -383,7 +385,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 step["asked_sentence"] = date is None and step["finding"] != quote(contents)
             else:
                 step["finding"] = quote(contents, answer)
-                if r and answer and _normalised(plain_title(step["sub_question"])) == _normalised(answer):
+                if r and _searched_answer(step, answer):
                     # the chain ends on the entity it answers with: what its passage says that the question asks
                     # for, which ``check_chains`` quotes in place of the finding to check the answer against
                     spent = " ".join(f"{s['sub_question']} {s['finding'] or ''}" for hop in plan[:r] for s in hop)
@@ -529,11 +531,12 @@ def check_chains(gold: GoldSet) -> None:
 def ends_on_answer(q: GoldQuestion) -> bool:
     """A chain whose last hop searches the entity it answers with."""
     last = q.plan[-1]
-    return (
-        len(q.plan) > 1
-        and len(last) == 1
-        and _normalised(plain_title(last[0]["sub_question"])) == _normalised(q.golden_answers[0])
-    )
+    return len(q.plan) > 1 and len(last) == 1 and _searched_answer(last[0], q.golden_answers[0])
+
+
+def _searched_answer(step: dict[str, Any], answer: str | None) -> bool:
+    """The step searches the answer itself: its title, without a parenthesised qualifier, is the answer."""
+    return bool(answer) and _normalised(plain_title(step["sub_question"])) == _normalised(answer)
 
 
 def asked_phrase(question: str, text: str, names: set[str] = frozenset()) -> str | None:
