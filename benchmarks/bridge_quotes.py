@@ -3,9 +3,9 @@
     python benchmarks/bridge_quotes.py [--part train] [--data ../shared/data] [--out benchmarks/results/bridge_quotes]
 
 A gold episode of a bridge or compositional question quotes one sentence of its last hop's passage before it
-answers. Today that is the sentence naming the answer (``training.gold.quote(contents, answer)``): the gold knows
+answers. Today that is the sentence naming the answer (``training.reading.quote(contents, answer)``): the gold knows
 it and the policy must find it. A rule the policy could follow from the question alone would quote the passage's
-first sentence, or add the sentence that shares most of the question's words (``training.gold.quote_for``, as the
+first sentence, or add the sentence that shares most of the question's words (``training.reading.quote_for``, as the
 comparisons do), optionally without the words the earlier hops already read ("director", "film" in "Where was the
 director of film X born?"). For the chains of each shared set's ``--part`` whose answer is not yes or no, this
 counts how often each rule's quote holds the gold answer (SQuAD-normalised, whole words, as the eval reads it).
@@ -30,17 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, save
 from ps_agent.metrics import cover_exact_match, exact_match
 from ps_agent.questions import SHARED_DATA
-from training.gold import (
-    SHARED_SETS,
-    GoldQuestion,
-    passages_by_id,
-    plain_title,
-    quote,
-    quote_for,
-    shared_questions,
-    title_check,
-    yes_no,
-)
+from training.gold import yes_no
+from training.plans import SHARED_SETS, GoldQuestion, passages_by_id, shared_questions
+from training.reading import plain_title, quote, quote_for
+from training.turns import title_check
 
 
 def _spent(q: GoldQuestion) -> str:
@@ -100,7 +93,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         "| set | rule | chains | answer in the last passage | quote holds the answer | % of chains |\n"
         f"|---|---|---|---|---|---|\n{quotes}\n\n"
         "Chains whose answer is the last hop's title, the entity the gold searched last, and those whose answer turn "
-        "checks it against the question (`training.gold.title_check`: a phrase of the question the quote holds):\n\n"
+        "checks it against the question (`training.turns.title_check`: a phrase of the question the quote holds):\n\n"
         "| set | chains | answered with the last hop's title | % | checked |\n|---|---|---|---|---|\n"
         f"{searched}\n"
     )

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, Run, save
 from ps_agent.metrics import cover_exact_match, mean
 from ps_agent.questions import SHARED_DATA
-from training.gold import passages_by_id, yes_no
+from training.gold import yes_no
+from training.plans import passages_by_id
 
 
 def retrieved_ids(record: dict[str, Any], rounds: slice = slice(None)) -> set[str]:

@@ -1,4 +1,5 @@
-"""Gold trajectories: plans from supporting titles, the teacher's turns, and episodes that are exactly the
+"""Gold trajectories (``training/gold.py`` and the modules it reads: ``plans``, ``reading``, ``turns``): plans from
+supporting titles, the teacher's turns, and episodes that are exactly the
 tokens an RL rollout of the same text conditions on, with the loss on the model's turns only."""
 
 from __future__ import annotations
@@ -15,31 +16,24 @@ from ps_agent.llms import context_ids
 from ps_agent.protocol import is_well_formed_turn, parse_action
 from ps_agent.questions import split_part
 from ps_agent.synthetic import generate
-from training.gold import (
+from training.gold import build_episodes, episode, main, sft_example, summary, unchecked_yes_no, with_yes_no
+from training.plans import (
     WORLD_ENTITIES,
     WORLD_PER_FAMILY,
     GoldQuestion,
     GoldSet,
+    plan_from_titles,
+    restore_corpora,
+    shared_questions,
+)
+from training.reading import asked_date, asked_phrase, first_date, quote
+from training.turns import (
     TeacherPolicy,
-    asked_date,
-    asked_phrase,
-    build_episodes,
     check_chains,
     compare_two,
     comparison_verdict,
-    episode,
-    first_date,
-    main,
-    plan_from_titles,
-    quote,
     ranked_verdict,
-    restore_corpora,
-    sft_example,
-    shared_questions,
-    summary,
     teacher_turns,
-    unchecked_yes_no,
-    with_yes_no,
     yes_no_verdict,
 )
 

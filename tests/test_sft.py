@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training.gold import build_episodes, sft_example, synthetic_questions
+from training.gold import build_episodes, sft_example
+from training.plans import synthetic_questions
 from training.run_sft import load_examples, main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

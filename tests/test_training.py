@@ -942,8 +942,8 @@ def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
 
 
 def test_the_mix_can_spread_each_class_across_plan_widths():
-    from training.gold import GoldQuestion
     from training.mix import by_width, spread_by_width, width
+    from training.plans import GoldQuestion
 
     def comparison(name: str, entities: int) -> GoldQuestion:
         plan = [[{"sub_question": f"{name}{i}", "passage_id": f"p{i}"} for i in range(entities)]]

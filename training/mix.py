@@ -9,7 +9,7 @@ is strictly between 0 and 1.
     python training/mix.py --out runs/mix-yes-no --per-class 32,single-hop=1 --keep-per-class 24 --yes-no 40 \
         --reuse runs/mix-wide/candidates.jsonl   # and as many questions answered "no" as "yes"
 
-Candidates are the gold questions (``training.gold.gold_questions``: the synthetic train worlds and the train
+Candidates are the gold questions (``training.plans.gold_questions``: the synthetic train worlds and the train
 parts of the shared HotpotQA, 2Wiki and MuSiQue files), ``--per-class`` of each of the four classes (single-hop,
 sequential, parallelisable, hybrid) by a seeded shuffle. A question the policy always or never answers gives a
 GRPO group whose outcome rewards are all equal, which teaches nothing: each candidate is rolled out ``--k``
@@ -56,7 +56,8 @@ from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
 from ps_agent.rewards import forced
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
-from training.gold import SHARED_SETS, gold_questions, yes_no
+from training.gold import yes_no
+from training.plans import SHARED_SETS, gold_questions
 from training.rollout import RolloutSettings, run_agents
 
 logger = logging.getLogger("mix")

@@ -36,7 +36,7 @@ from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, agent_config
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
-from training.gold import restore_corpora
+from training.plans import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.rollout import AgentRollout, RolloutSettings, signal_raises
 from training.teacher import load_teacher, teacher_guided
