@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, save
 from ps_agent.metrics import cover_exact_match, exact_match
-from ps_agent.questions import SHARED_DATA
-from training.gold import yes_no
+from ps_agent.questions import SHARED_DATA, yes_no
 from training.plans import SHARED_SETS, GoldQuestion, passages_by_id, shared_questions
 from training.reading import plain_title, quote, quote_for
 from training.turns import title_check

@@ -41,8 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, Run, save
 from ps_agent.metrics import cover_exact_match, mean
-from ps_agent.questions import SHARED_DATA
-from training.gold import yes_no
+from ps_agent.questions import SHARED_DATA, yes_no
 from training.plans import passages_by_id
 
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, Run, answer, paper_tables, parse_policy, validation_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
+from ps_agent.questions import yes_no  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
-from training.gold import yes_no  # noqa: E402
 
 
 def record_devices(folder: Path, datasets: list[str], device: str) -> None:

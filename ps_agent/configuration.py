@@ -10,7 +10,7 @@ from langchain_core.runnables import RunnableConfig
 
 from ps_agent.protocol import Mode
 
-Protocol = Literal["tags", "tools"]
+ProtocolName = Literal["tags", "tools"]
 
 #: each numeric setting's range, inclusive: a served graph takes these from its clients, so none may hold a
 #: worker for long (seconds are floats, the rest integers; a search backoff of 0 is allowed, a rate of 0 is not)
@@ -46,7 +46,7 @@ class AgentConfig:
         default="parallel",
         metadata={"description": "parallel: the paper's prompt, ## sub-queries; sequential: Search-R1's prompt"},
     )
-    protocol: Protocol = field(
+    protocol: ProtocolName = field(
         default="tags",
         metadata={"description": "tags: <search>/<answer> text, token-exact; tools: native tool calling"},
     )

@@ -77,14 +77,14 @@ async def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
             "question of %d characters truncated to max_question_chars=%d", len(question), context.max_question_chars
         )
         question = question[: context.max_question_chars]
-    protocol = PROTOCOLS[context.protocol]
+    policy_protocol = PROTOCOLS[context.protocol]
     await asyncio.to_thread(getattr, context, "retriever")
-    await asyncio.to_thread(protocol.load, context)
+    await asyncio.to_thread(policy_protocol.load, context)
     return {
         "question": question,
         "truncated": truncated,
         "started_at": time.time(),
-        **protocol.start(question, context),
+        **policy_protocol.start(question, context),
     }
 
 
@@ -183,10 +183,10 @@ async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
 async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     """The round's results, in sub-query order, as the model reads them, and the round's record."""
     context = runtime.context
-    protocol = PROTOCOLS[context.protocol]
+    policy_protocol = PROTOCOLS[context.protocol]
     pending = state["pending"]
     if pending["kind"] == "invalid":
-        return {**protocol.retry(), "pending": None}
+        return {**policy_protocol.retry(), "pending": None}
     hits = sorted(state.get("hits", []), key=lambda h: h["index"])
     results = {h["sub_query"]: SubQueryObservation(h["sub_query"], h["texts"], h["error"]) for h in hits}
     record = SearchRound(
@@ -197,7 +197,7 @@ async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
         results=[{k: v for k, v in h.items() if k != "texts"} for h in hits],  # type: ignore[misc]
         latency_s=time.perf_counter() - pending["started_at"],
     )
-    update = protocol.observation(pending, results, context)
+    update = policy_protocol.observation(pending, results, context)
     return {**update, "search_rounds": [record], "hits": None, "pending": None}
 
 

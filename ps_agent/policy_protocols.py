@@ -2,7 +2,8 @@
 
 ``tags`` is Search-R1's text protocol (``<search> a ## b </search>`` in a ``TextPolicy``'s text, token ids kept);
 ``tools`` is native tool calling (a chat model's ``search`` calls of one message are one round). The graph's
-``think`` and ``observe`` nodes call the protocol the context names, through ``PROTOCOLS``.
+``think`` and ``observe`` nodes call the protocol the context names, through ``PROTOCOLS``. The text itself
+(prompts, parsing, rendering) is ``ps_agent.protocol``; the tools protocol's own messages are here.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from ps_agent.protocol import (
     FORCED_ANSWER_PROMPT,
     INVALID_ACTION_MESSAGE,
     STOP_SEQUENCES,
-    TOOLS_PARALLEL_HINT,
-    TOOLS_PROMPT,
-    TOOLS_SEQUENTIAL_HINT,
     SubQueryObservation,
     neutralise,
     parse_action,
@@ -44,6 +42,18 @@ SEARCH_TOOL = {
         },
     },
 }
+#: Instructions for the ``tools`` policy protocol (native tool calling).
+TOOLS_PROMPT = (
+    "Answer the given question. Think step by step. If you lack some knowledge, call the `search` tool; "
+    "{parallel_hint}"
+    "When no further knowledge is needed, reply with the final answer only, as a short phrase "
+    "without explanation. Question: {question}"
+)
+TOOLS_PARALLEL_HINT = (
+    "if the question has independent parts, call `search` once per part in the same message, "
+    "so the searches run in parallel. "
+)
+TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
 TOOLS_INVALID_MESSAGE = "Your previous message had neither a search tool call nor an answer. Try again."
 TOOLS_FORCED_MESSAGE = "You have used all your searches. Reply now with the final answer only, as a short phrase."
 

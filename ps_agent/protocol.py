@@ -1,7 +1,9 @@
 """The ParallelSearch text protocol: prompts, action parsing and observation rendering.
 
 One source of truth: the agent, the rewards and the trainer all read model text through
-this module, so what counts as a search, an answer or a valid format can never drift.
+this module, so what counts as a search, an answer or a valid format can never drift. How the graph talks to
+its model through this text (the ``tags`` policy protocol) or through native tool calls (``tools``) is
+``ps_agent.policy_protocols``.
 """
 
 from __future__ import annotations
@@ -55,19 +57,6 @@ INVALID_ACTION_MESSAGE = (
 #: Environment text that opens the final, forced turn after ``max_turns``: the answer tag is
 #: pre-filled so that the model's next tokens are the answer itself.
 FORCED_ANSWER_PROMPT = "\n\nI have used all my searches, so I must give my final answer now.\n<answer>"
-
-#: Instructions for the ``tools`` policy protocol (native tool calling).
-TOOLS_PROMPT = (
-    "Answer the given question. Think step by step. If you lack some knowledge, call the `search` tool; "
-    "{parallel_hint}"
-    "When no further knowledge is needed, reply with the final answer only, as a short phrase "
-    "without explanation. Question: {question}"
-)
-TOOLS_PARALLEL_HINT = (
-    "if the question has independent parts, call `search` once per part in the same message, "
-    "so the searches run in parallel. "
-)
-TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
 
 _ACTION_OPEN_RE = re.compile(r"<(search|answer)>")
 _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)

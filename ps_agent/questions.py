@@ -10,7 +10,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -95,6 +95,19 @@ def split_share(class_fractions: Mapping[str, float]) -> float:
     total = sum(class_fractions.values())
     split = sum(share for name, share in class_fractions.items() if CLASS_RULES[name].split)  # type: ignore[index]
     return split / total if total else 0.0
+
+
+def class_shares(question_types: Iterable[str | None]) -> dict[QuestionClass, float]:
+    """The share of each question class (all of them, 0 where absent) among these question types."""
+    counts = Counter(question_class(t) for t in question_types)
+    total = sum(counts.values())
+    return {c: counts[c] / total if total else 0.0 for c in QUESTION_CLASSES}
+
+
+def yes_no(answers: Sequence[str]) -> str | None:
+    """``"yes"`` or ``"no"`` for a question answered so (its first gold answer), else None."""
+    answer = answers[0].strip().lower() if answers else ""
+    return answer if answer in ("yes", "no") else None
 
 
 class DataError(ValueError):

@@ -8,6 +8,7 @@ is computed from the structured trajectory the agent records, never by re-parsin
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -15,7 +16,9 @@ from typing import Any
 
 from ps_agent.metrics import exact_match
 from ps_agent.protocol import is_well_formed_turn
-from ps_agent.questions import min_rounds, should_decompose, split_share
+from ps_agent.questions import class_shares, min_rounds, should_decompose, split_share
+
+logger = logging.getLogger(__name__)
 
 COMPONENTS = ("outcome", "decomposition", "search_count", "format")
 
@@ -173,3 +176,25 @@ def always_decompose_optimal(class_fractions: Mapping[str, float], weights: Rewa
     """
     p = split_share(class_fractions)
     return weights.parallel_bonus * weights.decomposition * p > weights.decomposition * (1 - p) + 1e-12
+
+
+def choose_alpha(rows: Sequence[Mapping[str, Any]], alpha: float | None, paper_alpha: float = 3.0) -> float:
+    """α for this training mix (question rows with a ``question_type``), logged with the class proportions.
+    Always decomposing must never pay more decomposition reward than telling the classes apart: α·p < 1 − p,
+    p the share of questions to split.
+    ``None``: the paper's α, or 0.8 × the break-even (1 − p)/p where that is lower; an explicit α that
+    breaks the rule is refused."""
+    fractions = class_shares(r["question_type"] for r in rows)
+    split = split_share(fractions)
+    logger.info("training mix: %s", ", ".join(f"{c} {100 * f:.0f}%" for c, f in fractions.items()))
+    break_even = (1 - split) / split if split else float("inf")
+    if alpha is None:
+        alpha = min(paper_alpha, 0.8 * break_even)
+        logger.info("alpha = %.3g (break-even on this mix: %.3g)", alpha, break_even)
+    elif always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)):
+        raise ValueError(
+            f"on this training mix {100 * split:.0f}% of the questions should be decomposed, so with alpha={alpha} "
+            "always decomposing earns more decomposition reward than telling the classes apart: use --alpha "
+            f"below {break_even:.2f}, or add sequential and single-hop questions"
+        )
+    return alpha

@@ -16,7 +16,7 @@ from ps_agent.llms import context_ids
 from ps_agent.protocol import is_well_formed_turn, parse_action
 from ps_agent.questions import split_part
 from ps_agent.synthetic import generate
-from training.gold import build_episodes, episode, main, sft_example, summary, unchecked_yes_no, with_yes_no
+from training.gold import build_episodes, episode, main, summary, unchecked_yes_no, with_yes_no
 from training.plans import (
     WORLD_ENTITIES,
     WORLD_PER_FAMILY,
@@ -27,6 +27,7 @@ from training.plans import (
     shared_questions,
 )
 from training.reading import asked_date, asked_phrase, first_date, quote
+from training.run_sft import sft_example
 from training.turns import (
     TeacherPolicy,
     check_chains,

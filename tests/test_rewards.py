@@ -7,6 +7,7 @@ from ps_agent.questions import KNOWN_TYPES, question_class
 from ps_agent.rewards import (
     RewardWeights,
     always_decompose_optimal,
+    choose_alpha,
     decomposition_component,
     format_component,
     format_valid,
@@ -194,6 +195,21 @@ def test_components_sum_and_weights_are_configurable():
 )
 def test_always_decompose_is_optimal_only_above_the_break_even_mix(fractions, alpha, optimal):
     assert always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)) is optimal
+
+
+def rows_of(*types):
+    return [{"question_type": t} for t in types]
+
+
+def test_alpha_follows_the_training_mix_and_an_explicit_one_that_pays_always_splitting_is_refused():
+    # a fifth to split: the paper's α = 3 is below the break-even (0.8 / 0.2 = 4), so it stands
+    assert choose_alpha(rows_of("comparison", *["bridge"] * 4), None) == 3.0
+    # half to split (hybrids count): break-even 1, so 80% of it
+    assert choose_alpha(rows_of("comparison", "bridge_comparison", "bridge", None), None) == pytest.approx(0.8)
+    assert choose_alpha(rows_of("bridge", None), None) == 3.0  # nothing to split: any α is safe
+    assert choose_alpha(rows_of("comparison", "bridge"), 0.9) == 0.9  # explicit, below the break-even
+    with pytest.raises(ValueError, match=r"50% of the questions should be decomposed.*below 1\.00"):
+        choose_alpha(rows_of("comparison", "bridge"), 3.0)
 
 
 def test_reward_functions_called_as_trl_calls_them_give_each_component_of_each_rollout():

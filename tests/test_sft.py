@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from training.gold import build_episodes, sft_example
+from training.gold import build_episodes
 from training.plans import synthetic_questions
-from training.run_sft import load_examples, main
+from training.run_sft import load_examples, main, sft_example
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -791,7 +791,7 @@ def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(
 
 
 def test_sigterm_unwinds_a_run_so_its_server_is_stopped_and_the_handler_comes_back():
-    from training.run_grpo import sigterm_unwinds
+    from training.signals import sigterm_unwinds
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exit_, sigterm_unwinds():
@@ -828,7 +828,7 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
     import asyncio
     import threading
 
-    from training.rollout import ctrl_c_interrupts, signal_handled
+    from training.signals import ctrl_c_interrupts, signal_handled
 
     async def finishes_anyway() -> str:  # a batch whose runs go on when cancelled, as the agents' batch did
         for _ in range(30):
@@ -850,7 +850,7 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
 def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
     import asyncio
 
-    from training.rollout import ctrl_c_interrupts, signal_handled
+    from training.signals import ctrl_c_interrupts, signal_handled
 
     # as for `nohup python training/run_grpo.py ... &`
     with signal_handled(signal.SIGINT, signal.SIG_IGN), ctrl_c_interrupts():
@@ -886,7 +886,7 @@ def test_the_mix_can_keep_as_many_questions_answered_no_as_yes_solved_ones_too()
 
 
 def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_path):
-    from training.gold import yes_no
+    from ps_agent.questions import yes_no
     from training.mix import candidates, per_class_counts
 
     per_class = per_class_counts("2")
@@ -901,7 +901,7 @@ def test_the_mix_draws_more_yes_no_questions_half_each_way_across_sources(tmp_pa
 
 def test_the_mix_command_balances_yes_and_no_from_reused_pass_rates_without_a_policy(tmp_path, monkeypatch):
     """Every candidate's pass rate is reused, so no policy loads: the command's own draw and selection run."""
-    from training.gold import yes_no
+    from ps_agent.questions import yes_no
     from training.mix import candidates, main, per_class_counts
 
     monkeypatch.chdir(tmp_path)
@@ -1021,7 +1021,8 @@ def test_hf_rollouts_generate_in_the_precision_the_run_trains_in(tiny_model, bf1
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.rollout import WeightSync, rollout_policy
+    from training.rollout import rollout_policy
+    from training.weight_sync import WeightSync
 
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
     trainer = trainer_double(model, tokenizer)

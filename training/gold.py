@@ -35,7 +35,7 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.llms import model_path
 from ps_agent.protocol import Mode
-from ps_agent.questions import question_class
+from ps_agent.questions import question_class, yes_no
 from ps_agent.runner import run_sync
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments
@@ -78,15 +78,6 @@ def episode(
         "completion_ids": seq["completion_ids"],
         "env_mask": seq["env_mask"],
     }
-
-
-def sft_example(ep: dict[str, Any]) -> dict[str, list[int]]:
-    """``input_ids`` and ``labels`` for SFT: the loss falls on the model's turns only, −100 on the prompt
-    and on every observation token."""
-    labels = [-100] * len(ep["prompt_ids"]) + [
-        t if keep else -100 for t, keep in zip(ep["completion_ids"], ep["env_mask"], strict=True)
-    ]
-    return {"input_ids": ep["prompt_ids"] + ep["completion_ids"], "labels": labels}
 
 
 def build_episodes(
@@ -229,12 +220,6 @@ def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[di
             taken[key] += 1
             kept.append(ep)
     return kept
-
-
-def yes_no(answers: Sequence[str]) -> str | None:
-    """``"yes"`` or ``"no"`` for a question answered so (its first gold answer), else None."""
-    answer = answers[0].strip().lower() if answers else ""
-    return answer if answer in ("yes", "no") else None
 
 
 def unchecked_yes_no(q: GoldQuestion) -> bool:

@@ -52,11 +52,10 @@ from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
 from ps_agent.llms.vllm_server import serve_in_process_model
 from ps_agent.metrics import exact_match
-from ps_agent.questions import QUESTION_CLASSES, question_class, read_jsonl
+from ps_agent.questions import QUESTION_CLASSES, class_shares, question_class, read_jsonl, yes_no
 from ps_agent.rewards import forced
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
-from training.gold import yes_no
 from training.plans import SHARED_SETS, gold_questions
 from training.rollout import RolloutSettings, run_agents
 
@@ -193,8 +192,8 @@ def by_width(records: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 
 def proportions(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    counts = Counter(question_class(r["type"]) for r in records)
-    return {"n": len(records)} | {c: round(counts[c] / max(len(records), 1), 3) for c in QUESTION_CLASSES}
+    shares = class_shares(r["type"] for r in records)
+    return {"n": len(records)} | {c: round(share, 3) for c, share in shares.items()}
 
 
 ROLLOUT_SETTINGS = ("policy", "mode", "k", "temperature", "max_turns", "topk", "max_new_tokens")

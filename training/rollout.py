@@ -16,14 +16,10 @@ optimizer step: vLLM), and ``trl-vllm`` (TRL's own vLLM integration, ``use_vllm=
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-import shutil
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +30,12 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import episode_record
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
-from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, reward_components
 from ps_agent.trajectories import TrajectoryLog, summarise_rollouts
+from training.signals import ctrl_c_interrupts
 from training.trl_vllm import TRLVLLMPolicy
+from training.weight_sync import WeightSync
 
 logger = logging.getLogger(__name__)
 
@@ -154,100 +151,10 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
             log_metric(name, value)
 
 
-@contextlib.contextmanager
-def signal_handled(signum: int, handler: Any) -> Iterator[None]:
-    """Within the block, ``handler`` handles ``signum`` in the main thread (elsewhere nothing changes); the
-    previous handler comes back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signum, previous)
-
-
-def signal_raises(signum: int, exception: Callable[[], BaseException]) -> contextlib.AbstractContextManager[None]:
-    """Within the block, ``signum`` raises ``exception()`` in the main thread (``signal_handled``)."""
-
-    def raise_(signum: int, frame: Any) -> None:
-        raise exception()
-
-    return signal_handled(signum, raise_)
-
-
-def ctrl_c_interrupts() -> contextlib.AbstractContextManager[None]:
-    """Ctrl-C raises ``KeyboardInterrupt`` at once while rollouts run. Under Python's own handler, ``asyncio.run``
-    turns the first Ctrl-C into a cancellation of the batch, and a batch whose agents finish their runs anyway
-    returned normally: training went on. A process that ignores SIGINT (one a non-interactive shell started in the
-    background, as ``nohup ... &``) keeps ignoring it, as Python and asyncio do: stop such a run with SIGTERM."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return contextlib.nullcontext()
-    return signal_raises(signal.SIGINT, KeyboardInterrupt)
-
-
-def save_merged(model: Any, folder: Path) -> None:
-    """A model folder of ``model``'s weights, a PEFT model's LoRA adapter merged into its base weights (the
-    training model is left as it was)."""
-    if not hasattr(model, "merge_adapter"):
-        model.save_pretrained(folder)
-        return
-    with torch.no_grad():
-        model.merge_adapter()
-        try:
-            state = {
-                name.replace(".base_layer", ""): tensor.detach().clone()
-                for name, tensor in model.get_base_model().state_dict().items()
-                if "lora_" not in name
-            }
-        finally:
-            model.unmerge_adapter()
-    model.get_base_model().save_pretrained(folder, state_dict=state)
-
-
 def zero_std_groups(totals: Sequence[float], group_size: int) -> list[int]:
     """Indexes of the groups (consecutive runs of ``group_size``) whose rewards are all equal."""
     groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
     return [g for g, values in enumerate(groups) if max(values) - min(values) < 1e-9]
-
-
-class WeightSync:
-    """The server side of the ``openai`` backend: after each optimizer step, the server gets the new policy. It
-    saves the LoRA adapter and loads it under a new name, unloading the one before (``lora``), or reloads the
-    merged weights (``reload``: the served model keeps its name, ``None`` asks the server for it)."""
-
-    def __init__(self, settings: RolloutSettings, output_dir: Path) -> None:
-        self.url, self.mode, self.output_dir = settings.openai_base_url, settings.weight_sync, output_dir
-        self.step: int | None = None
-        self.name: str | None = None
-
-    def __call__(self, trainer: Any) -> str | None:
-        """The served model's name for the trainer's current step, synced once per step."""
-        step = trainer.state.global_step
-        if step == self.step:
-            return self.name
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        name = None if self.mode == "reload" else f"policy-step-{step}"
-        if trainer.accelerator.is_main_process:
-            if self.mode == "reload":
-                folder = self.output_dir / "served-policy" / f"step-{step}"
-                save_merged(model, folder)
-                reload_weights(self.url, folder)
-                for old in folder.parent.glob("step-*"):
-                    if old != folder:
-                        shutil.rmtree(old, ignore_errors=True)
-                logger.info("reloaded %s with the policy of step %d", self.url, step)
-            else:
-                path = (self.output_dir / "adapters" / name).resolve()
-                model.save_pretrained(path)
-                load_adapter(self.url, name, path)
-                logger.info("loaded adapter %s into %s", name, self.url)
-                if self.name is not None:
-                    unload_adapter(self.url, self.name)
-        trainer.accelerator.wait_for_everyone()
-        self.step, self.name = step, name
-        return name
 
 
 def rollout_policy(settings: RolloutSettings, trainer: Any, rollouts: int, sync: WeightSync) -> Any:

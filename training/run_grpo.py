@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,15 +29,15 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
-from ps_agent.questions import QUESTION_CLASSES, question_class, split_share
-from ps_agent.rewards import RewardWeights, always_decompose_optimal, reward_functions
+from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, agent_config
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
 from training.plans import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
-from training.rollout import AgentRollout, RolloutSettings, signal_raises
+from training.rollout import AgentRollout, RolloutSettings
+from training.signals import sigterm_unwinds
 from training.teacher import load_teacher, teacher_guided
 from training.trained_positions import grpo_trainer_class
 
@@ -137,33 +136,6 @@ class ParallelSearchArguments(AgentArguments):
     )
 
 
-def class_fractions(rows: list[dict]) -> dict[str, float]:
-    """The share of each question class in the training rows."""
-    counts = Counter(question_class(r["question_type"]) for r in rows)
-    return {c: counts[c] / len(rows) for c in QUESTION_CLASSES}
-
-
-def choose_alpha(rows: list[dict], alpha: float | None, paper_alpha: float = 3.0) -> float:
-    """α for this training mix, logged with the class proportions. Always decomposing must never pay more
-    decomposition reward than telling the classes apart: α·p < 1 − p, p the share of questions to split.
-    ``None``: the paper's α, or 0.8 × the break-even (1 − p)/p where that is lower; an explicit α that
-    breaks the rule is refused."""
-    fractions = class_fractions(rows)
-    split = split_share(fractions)
-    logger.info("training mix: %s", ", ".join(f"{c} {100 * f:.0f}%" for c, f in fractions.items()))
-    break_even = (1 - split) / split if split else float("inf")
-    if alpha is None:
-        alpha = min(paper_alpha, 0.8 * break_even)
-        logger.info("alpha = %.3g (break-even on this mix: %.3g)", alpha, break_even)
-    elif always_decompose_optimal(fractions, RewardWeights(parallel_bonus=alpha)):
-        raise ValueError(
-            f"on this training mix {100 * split:.0f}% of the questions should be decomposed, so with alpha={alpha} "
-            "always decomposing earns more decomposition reward than telling the classes apart: use --alpha "
-            f"below {break_even:.2f}, or add sequential and single-hop questions"
-        )
-    return alpha
-
-
 def prepare_trajectory_logs(
     output_dir: str, resume_from_checkpoint: str | bool | None, base: str | Path | None = None
 ) -> str | None:
@@ -240,12 +212,6 @@ def parse(argv: list[str] | None = None):
     parser.set_defaults(**DEFAULTS, **device_defaults())
     args, config = parser.parse_args_and_config(args=argv)[:2]
     return args, config
-
-
-def sigterm_unwinds() -> contextlib.AbstractContextManager[None]:
-    """While training, SIGTERM raises ``SystemExit`` (as Ctrl-C raises ``KeyboardInterrupt``), so the rollout
-    server is stopped on the way out; the previous handler comes back afterwards."""
-    return signal_raises(signal.SIGTERM, lambda: SystemExit(128 + signal.SIGTERM))
 
 
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:

@@ -41,7 +41,6 @@ from training.checkpoints import (
     resume_checkpoint,
     save_adapter_weights,
 )
-from training.gold import sft_example
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.trained_positions import next_token_loss
 
@@ -56,7 +55,7 @@ DEFAULTS = {
     "lr_scheduler_type": "cosine",
     "warmup_steps": 0.03,
     "max_length": 896,
-    "gradient_checkpointing": False,  # TRL's default recomputes every forward: a 135M model fits without it
+    "gradient_checkpointing": False,  # TRL's default recomputes every forward: a 0.5B model fits without it
     "packing": False,
     "train_sampling_strategy": "group_by_length",
     "logging_steps": 5,
@@ -105,6 +104,15 @@ def _out_of_vocabulary(ids: list[Any], vocab_size: int | None) -> Any:
         if not isinstance(token, int) or isinstance(token, bool) or token < 0 or (vocab_size and token >= vocab_size):
             return token
     return None
+
+
+def sft_example(ep: dict[str, Any]) -> dict[str, list[int]]:
+    """``input_ids`` and ``labels`` for SFT: the loss falls on the model's turns only, −100 on the prompt
+    and on every observation token."""
+    labels = [-100] * len(ep["prompt_ids"]) + [
+        t if keep else -100 for t, keep in zip(ep["completion_ids"], ep["env_mask"], strict=True)
+    ]
+    return {"input_ids": ep["prompt_ids"] + ep["completion_ids"], "labels": labels}
 
 
 def load_examples(

@@ -2,7 +2,7 @@
 
 The ``tags`` protocol needs a ``TextPolicy``: given the chat prompt (the user prompt, after optional
 demonstration turns) and the response so far, write the next turn. Token-exact backends (``hf:``,
-the embedded ``smollm2``, ``vllm:``) condition on the exact token ids generated before, never on
+the embedded ``qwen0.5b`` and ``smollm2``, ``vllm:``) condition on the exact token ids generated before, never on
 re-tokenised text, and return ids and log-probs, which is what RL training needs. The ``tools``
 protocol needs a LangChain chat model with tool calling.
 

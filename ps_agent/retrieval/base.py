@@ -1,7 +1,7 @@
 """The retrieval seam: one async protocol that searches a batch of queries.
 
-Every backend (BM25, LangChain retrievers and vector stores, later FAISS and the HTTP
-retrieval server) implements ``Retriever``; the agent only ever calls ``resilient_search``.
+Every backend (BM25, LangChain retrievers and vector stores, FAISS and hybrid retrievers, the HTTP
+client of the retrieval server) implements ``Retriever``; the agent only ever calls ``resilient_search``.
 """
 
 from __future__ import annotations
