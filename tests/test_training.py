@@ -769,11 +769,11 @@ def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_drop
 def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(smollm2_path, tmp_path):
     from safetensors.torch import load_file
 
-    from ps_agent.llms import LLMSpecError
-    from training.run_grpo import parse, trainable_adapter, use_demonstration
+    from ps_agent.llms import LLMSpecError, peft_adapter
+    from training.run_grpo import parse, use_demonstration
 
     shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch"
-    model = trainable_adapter(str(shipped), str(smollm2_path))
+    model = peft_adapter(str(shipped), str(smollm2_path), trainable=True)  # what --init_adapter loads
     saved = load_file(shipped / "adapter_model.safetensors")
     name = next(k for k in saved if "q_proj.lora_B" in k)
     loaded = dict(model.named_parameters())[name.replace(".weight", ".default.weight")]
@@ -784,7 +784,7 @@ def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(
     config = json.loads((other / "adapter_config.json").read_text())
     (other / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": "Qwen/Qwen2.5-7B"}))
     with pytest.raises(LLMSpecError, match=r"trained on base model 'Qwen/Qwen2\.5-7B'.*smollm2"):
-        trainable_adapter(str(other), str(smollm2_path))
+        peft_adapter(str(other), str(smollm2_path), trainable=True)
     assert use_demonstration(parse([])[0]) is True  # from the base model: the format has to be shown
     assert use_demonstration(parse(["--init_adapter", str(shipped)])[0]) is False
     assert use_demonstration(parse(["--init_adapter", str(shipped), "--demonstration", "true"])[0]) is True
@@ -1039,8 +1039,8 @@ def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_
     import torch
     from safetensors.torch import load_file, save_file
 
+    from ps_agent.llms import peft_adapter
     from training.export_adapter import main as export
-    from training.run_grpo import trainable_adapter
 
     shipped = Path(__file__).parents[1] / "policies" / "smollm2-parallelsearch"
     checkpoint = tmp_path / "checkpoint-3"
@@ -1060,7 +1060,7 @@ def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_
     exported = load_file(out / "adapter_model.safetensors")
     assert exported.keys() == fp32.keys() and {t.dtype for t in exported.values()} == {torch.bfloat16}
     assert all(exported[k].equal(fp32[k].to(torch.bfloat16)) for k in fp32)
-    model = trainable_adapter(str(out), str(smollm2_path))  # what --init_adapter and hf:OUT load
+    model = peft_adapter(str(out), str(smollm2_path), trainable=True)  # what --init_adapter and hf:OUT load
     name = next(k for k in fp32 if "q_proj.lora_B" in k)
     assert (
         dict(model.named_parameters())[name.replace(".weight", ".default.weight")].float().equal(exported[name].float())

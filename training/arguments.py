@@ -1,11 +1,13 @@
-"""The agent settings the training scripts take as flags, derived from ``AgentConfig``: the same names, types,
-defaults, ranges and help as the agent, the CLI and Studio, so a script's rollouts cannot drift from the agent
-the policy is evaluated and served with. Change a default in ``AgentConfig`` or in a run's config file."""
+"""The flags the training scripts share. The agent settings are derived from ``AgentConfig``: the same names,
+types, defaults, ranges and help as the agent, the CLI and Studio, so a script's rollouts cannot drift from the
+agent the policy is evaluated and served with (change a default in ``AgentConfig`` or in a run's config file).
+``ModelArguments`` is the model both trainers start from: a base, with a new LoRA adapter or one to go on
+training."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, field, fields, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from ps_agent.configuration import AgentConfig, describe
@@ -40,3 +42,41 @@ def add_agent_arguments(parser: argparse.ArgumentParser, names: tuple[str, ...] 
 def agent_config(args: Any, **settings: Any) -> AgentConfig:
     """The ``AgentConfig`` of parsed flags (either parser's), with ``settings`` beside them: its checks apply."""
     return AgentConfig(**{name: getattr(args, name) for name in AGENT_FLAGS if hasattr(args, name)}, **settings)
+
+
+@dataclass
+class ModelArguments:
+    """The model a trainer starts from (``--model_name_or_path``), and the LoRA adapter it trains: a new one
+    (``--use_lora``, ``--lora_*``) or one trained before (``--init_adapter``)."""
+
+    model_name_or_path: str = field(
+        default="smollm2", metadata={"help": "an embedded base (smollm2, qwen0.5b; untrained) or a model folder"}
+    )
+    init_adapter: str | None = field(
+        default=None,
+        metadata={
+            "help": "a PEFT LoRA adapter to go on training (e.g. policies/qwen0.5b-parallelsearch, the SFT policy); "
+            "it must have been trained on --model_name_or_path, and the --lora_* flags are then its own"
+        },
+    )
+    use_lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def new_lora(args: ModelArguments) -> Any:
+    """The ``peft_config`` of a new LoRA adapter for the trainer, or None: with ``--init_adapter`` the adapter is
+    the one loaded, and without ``--use_lora`` every weight trains."""
+    if args.init_adapter or not args.use_lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.lora_target_modules.split(","),
+        task_type="CAUSAL_LM",
+    )

@@ -22,7 +22,6 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,7 +30,7 @@ from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
-from training.arguments import AgentArguments, agent_config
+from training.arguments import AgentArguments, ModelArguments, agent_config, new_lora
 from training.checkpoints import resume_checkpoint
 from training.data import load_questions, to_dataset
 from training.plans import restore_corpora
@@ -61,18 +60,10 @@ DEFAULTS = {
 
 
 @dataclass
-class ParallelSearchArguments(AgentArguments):
+class ParallelSearchArguments(ModelArguments, AgentArguments):
     """What to train, on what, with which agent and rewards (TRL's ``GRPOConfig`` holds the rest). The agent's
     settings (``--mode``, ``--max_turns``, ``--topk``, ``--max_new_tokens``) are ``AgentConfig``'s own."""
 
-    model_name_or_path: str = field(default="smollm2", metadata={"help": "smollm2 (embedded) or a model folder"})
-    init_adapter: str | None = field(
-        default=None,
-        metadata={
-            "help": "a PEFT LoRA adapter to continue training, e.g. policies/smollm2-parallelsearch (the SFT "
-            "policy); it must have been trained on --model_name_or_path; the --lora_* flags are then its own"
-        },
-    )
     data: str = field(default="builtin", metadata={"help": "builtin, a question jsonl path, or hf:NAME[:SPLIT]"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N questions"})
     corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
@@ -112,10 +103,6 @@ class ParallelSearchArguments(AgentArguments):
     )
     lambda_s: float = field(default=0.35, metadata={"help": "search-count penalty weight λs"})
     lambda_f: float = field(default=0.1, metadata={"help": "format reward weight λf"})
-    use_lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     lm_head: str = field(
         default="scored",
         metadata={
@@ -159,12 +146,6 @@ def prepare_trajectory_logs(
 def use_demonstration(args: ParallelSearchArguments) -> bool:
     """``--demonstration`` when given; else on from a base model and off when continuing a trained adapter."""
     return args.init_adapter is None if args.demonstration is None else args.demonstration
-
-
-def trainable_adapter(adapter: str, base: str) -> Any:
-    """``base`` with the LoRA ``adapter`` loaded for training (not merged), after checking it was trained on
-    ``base``: GRPO continues the SFT policy instead of starting a new adapter from the base model."""
-    return peft_adapter(adapter, base, trainable=True)
 
 
 @contextlib.contextmanager
@@ -250,18 +231,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             seed=config.seed,
             weight_sync="reload" if server else "lora",
         )
-        model, peft_config = path, None
-        if args.init_adapter:
-            model = trainable_adapter(args.init_adapter, path)
-        elif args.use_lora:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(
-                r=args.lora_r,
-                lora_alpha=args.lora_alpha,
-                target_modules=args.lora_target_modules.split(","),
-                task_type="CAUSAL_LM",
-            )
+        # an --init_adapter is checked against the base (refused when trained on another); else TRL loads the base
+        model = peft_adapter(args.init_adapter, path, trainable=True) if args.init_adapter else path
+        peft_config = new_lora(args)
         trainer_class = grpo_trainer_class() if args.lm_head == "scored" else GRPOTrainer
         guidance = {}
         if args.teacher:
@@ -286,7 +258,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             raise
     final = Path(config.output_dir) / "final"
     trainer.save_model(str(final))
-    logger.info("saved the trained %s to %s", "adapter" if peft_config else "model", final)
+    logger.info("saved the trained %s to %s", "adapter" if peft_config or args.init_adapter else "model", final)
     return final
 
 

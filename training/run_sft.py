@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
+from training.arguments import ModelArguments, new_lora
 from training.checkpoints import (
     EPISODES,
     check_same_episodes,
@@ -68,26 +69,11 @@ DEFAULTS = {
 
 
 @dataclass
-class SFTArguments:
+class SFTArguments(ModelArguments):
     """What to fine-tune on which episodes (TRL's ``SFTConfig`` holds the rest)."""
 
-    model_name_or_path: str = field(
-        default="smollm2", metadata={"help": "an embedded base (smollm2, qwen0.5b; untrained) or a model folder"}
-    )
-    init_adapter: str | None = field(
-        default=None,
-        metadata={
-            "help": "a PEFT LoRA adapter to go on training (e.g. policies/qwen0.5b-parallelsearch on new gold "
-            "episodes); it must have been trained on --model_name_or_path, and the --lora_* flags are then its own"
-        },
-    )
     episodes: str = field(default="runs/gold/parallel.jsonl", metadata={"help": "gold episodes (training/gold.py)"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N episodes"})
-    use_lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     save_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the saved adapter (float32, bfloat16)"})
     loss: str = field(
         default="trained_positions",
@@ -188,20 +174,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint, path)  # refused before loading
     if resume:
         check_same_episodes(resume, episodes)
-    peft_config = None
+    peft_config = new_lora(args)
     if args.init_adapter:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
-    elif args.use_lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=args.lora_target_modules.split(","),
-            task_type="CAUSAL_LM",
-        )
-    if not args.init_adapter:
+    else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     if args.loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
