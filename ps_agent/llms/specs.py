@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 from langchain_core.language_models import BaseChatModel, BaseLLM
 
+from ps_agent.llms.adapters import load_adapter_model
 from ps_agent.llms.base import LLMSpecError, TextPolicy
-from ps_agent.llms.embedded import embedded_base, embedded_model_path, embedded_spec, load_adapter_model, policies_dir
+from ps_agent.llms.embedded import embedded_base, embedded_model_path, embedded_spec, policies_dir
 from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy
 from ps_agent.llms.local import TransformersPolicy
 from ps_agent.llms.vllm import OpenAICompletionsPolicy
