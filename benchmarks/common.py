@@ -29,7 +29,7 @@ import numpy as np
 from ps_agent.configuration import BOUNDS
 from ps_agent.episodes import aggregate, interval
 from ps_agent.eval import EvalSettings, evaluate
-from ps_agent.eval_report import read_results
+from ps_agent.eval_report import em_row, read_results
 from ps_agent.llms import (
     OpenAICompletionsPolicy,
     embedded_base,
@@ -239,10 +239,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
     lines += ["", "## Exact match (%) per benchmark (Table 2 layout)", ""]
     lines += ["| model | " + " | ".join(datasets) + " | average |", "|---" * (len(datasets) + 2) + "|"]
     for name in names:
-        ems = [result["by_dataset"][d].get(name, {}).get("em") for d in datasets]
-        present = [e for e in ems if e is not None]
-        average = f"{np.mean(present):.1f}" if present else "–"
-        lines.append(f"| {name} | " + " | ".join("–" if e is None else f"{e:.1f}" for e in ems) + f" | {average} |")
+        row = em_row(name, [result["by_dataset"][d].get(name, {}).get("em") for d in datasets])
+        lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## Every question pooled over the datasets (Table 4 layout; 95% bootstrap intervals)", ""]
     lines += pooled_rows(result["pooled"])
     if result["ours_vs_baseline"]:

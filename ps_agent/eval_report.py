@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,15 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def em_row(name: str, ems: Sequence[float | None]) -> list[str]:
+    """A row of the paper's Table 2 layout: ``name``, EM per benchmark ("–" where it has none) and their average."""
+    return [name, *(_fmt(e) for e in ems), _fmt(mean([e for e in ems if e is not None]))]
+
+
 def em_table(summary: dict[str, Any]) -> dict[str, Any]:
     """EM per benchmark and mode, with the average over benchmarks (the paper's Table 2 layout)."""
     modes, datasets = sorted(summary["overall"]), list(summary["by_dataset"])
-    rows = []
-    for m in modes:
-        ems = [summary["by_dataset"][d][m].get("em") for d in datasets]
-        rows.append([m, *(_fmt(e) for e in ems), _fmt(mean([e for e in ems if e is not None]))])
+    rows = [em_row(m, [summary["by_dataset"][d][m].get("em") for d in datasets]) for m in modes]
     return {"caption": "Exact match (%) per benchmark", "header": ["mode", *datasets, "average"], "rows": rows}
 
 
