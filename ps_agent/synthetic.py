@@ -3,9 +3,10 @@ width (parallel sub-queries) and depth (sequential hops) are controlled.
 
     ps-agent synth --seed 0 --entities 200 --out DIR   →   DIR/corpus.jsonl, DIR/questions.jsonl
 
-Entities are people, cities, companies and works with attributes and relations; every question carries
-its answer, its ``type`` (``comparison``, yes/no comparisons included / ``bridge`` / ``hybrid`` / none for
-single-hop), the gold plan (sub-questions grouped by search round, each with the id of the passage that answers
+Entities are countries, cities, people, companies and works (and, in a ``ranked`` world, mountains and lakes)
+with attributes and relations; every question carries its answer, its ``family`` (how it was made: one function
+per family, below ``questions``), its ``type`` (``comparison``, yes/no comparisons included / ``bridge`` /
+``hybrid`` / none for single-hop), the gold plan (sub-questions grouped by search round, each with the id of the passage that answers
 it and what it finds there), and the optimal number of search rounds and LLM calls. The names are invented, so
 a model cannot answer from memory.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,9 +358,14 @@ def _chain(world: World, rng: random.Random, depth: int, start: Entity | None = 
     return {"phrase": phrase, "start": start.name, "end": end, "value": end.attrs[attr], "plan": plan}
 
 
+#: ``add(family, type, question, answer, rounds, **extra)``: a family's question, appended to the world's list
+Add = Callable[..., None]
+
+
 def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, Any]]:
-    """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop, and yes/no
-    comparisons of two."""
+    """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop, yes/no
+    comparisons of two, hybrids that ask for the start of the chain, and ranked pairs (a world built with them).
+    The families draw from one random stream, in this order, so a seed gives the same questions."""
     rng = random.Random(seed + 1)
     out: list[dict[str, Any]] = []
 
@@ -369,12 +376,22 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
             **extra,
         })  # fmt: skip
 
+    for family in (_comparisons, _bridges, _hybrids, _single_hops, _yes_nos, _start_hybrids, _ranked_pairs):
+        family(world, rng, per_family, add)
+    return out
+
+
+def _of_kind(world: World) -> dict[str, list[Entity]]:
+    return {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
+
+
+def _comparisons(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Which of k = 2..8 entities has the least or most of an attribute; all k searched in one round."""
     for k in range(2, 9):
         for _ in range(per_family):
             kind, attr, noun, unit, asked = rng.choice(_COMPARISONS)
             wanted = rng.choice(["min", "max"])
-            pool = {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
-            items = rng.sample(pool[kind], k)
+            items = rng.sample(_of_kind(world)[kind], k)
             if len({e.attrs[attr] for e in items}) < k:
                 continue
             pick = (min if wanted == "min" else max)(items, key=lambda e: e.attrs[attr])
@@ -386,12 +403,20 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
             ]]  # fmt: skip
             question = rng.choice(asked[wanted])[0 if k == 2 else 1].format(names=names)
             add("comparison", "comparison", question, pick.name, plan, k=k, depth=1)
+
+
+def _bridges(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """A year at the end of a chain of depth 2..4, one search round per hop."""
     for depth in range(2, 5):
         for _ in range(per_family):
             chain = _chain(world, rng, depth)
             verb = {2: "born", 3: "founded", 4: "made independent"}[depth]
             question = f"In which year was {chain['phrase'].format(chain['start'])} {verb}?"
             add("bridge", "bridge", question, str(chain["value"]), [[s] for s in chain["plan"]], k=1, depth=depth)
+
+
+def _hybrids(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Which of k = 2, 3 chains of depth 2, 3 ends first: the chains searched side by side, one round per hop."""
     for k in (2, 3):
         for depth in (2, 3):
             for _ in range(per_family):
@@ -406,16 +431,24 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
                 answer = first["end"].name
                 rounds = [[c["plan"][i] for c in chains] for i in range(depth)]
                 add("hybrid", "hybrid", question, answer, rounds, k=k, depth=depth)
+
+
+def _single_hops(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """A person's birth year: one search."""
     for _ in range(per_family * 2):
         person = rng.choice(world.people)
         born = str(person.attrs["born"])
         plan = [[{"sub_question": f"{person.name} birth year", "passage_id": world.pid(person), "finding": born}]]
         add("single-hop", None, f"In which year was {person.name} born?", born, plan, k=1, depth=1)
-    for i in range(per_family * 2):  # half of them answered yes, half no
+
+
+def _yes_nos(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Whether two entities share an attribute value, half answered yes and half no."""
+    for i in range(per_family * 2):
         kind, attr, noun, question_form = rng.choice(_YES_NO)
-        pool = {"person": world.people, "city": world.cities, "company": world.companies, "work": world.works}
-        a = rng.choice(pool[kind])
-        others = [e for e in pool[kind] if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 0)]
+        pool = _of_kind(world)[kind]
+        a = rng.choice(pool)
+        others = [e for e in pool if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 0)]
         if not others:
             continue
         pair = [a, rng.choice(others)]
@@ -425,34 +458,6 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
         value = rng.choice(pair).attrs[attr]  # a "both" question asks for one of the two values
         question = question_form.format(a=pair[0].name, b=pair[1].name, value=value)
         add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)
-    for _ in range(per_family * 2):  # hybrids that ask for the start of the chain, as 2Wiki asks its own
-        kind = rng.choice(["work", "company"])
-        starts = rng.sample(world.works if kind == "work" else world.companies, 2)
-        chains = [_chain(world, rng, 2, start) for start in starts]
-        born = [c["value"] for c in chains]
-        if born[0] == born[1]:
-            continue
-        wanted = rng.choice(["min", "max"])
-        pick = (min if wanted == "min" else max)(chains, key=lambda c: c["value"])
-        forms = {e.attrs.get("kind") for e in starts}  # a work's form (album, film, …); none for a company
-        noun = forms.pop() if kind == "work" and len(forms) == 1 else kind
-        role = _HOPS[kind][0]
-        form = rng.choice(_BY_START[wanted])
-        question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)
-        rounds = [[c["plan"][i] for c in chains] for i in range(2)]
-        add("hybrid", "hybrid", question, pick["start"], rounds, k=2, depth=2, answer_round=0)
-    # ranked pairs (a world built with them): a value stated as a rank, or only in the other entity's passage
-    for i in range(per_family * 3 if world.mountains else 0):
-        group = world.mountains if i % 2 == 0 else world.lakes
-        first = 3 * rng.randrange(len(group) // 3)
-        pair = rng.sample(group[first : first + 3], 2)  # any two of a country's three, in either order
-        wanted = rng.choice(["min", "max"])
-        pick = (min if wanted == "min" else max)(pair, key=lambda e: e.attrs["value"])
-        question = rng.choice(_RANKED_QUESTIONS[pair[0].kind][wanted]).format(a=pair[0].name, b=pair[1].name)
-        as_named = i % 4 >= 2  # half searched and read as real questions are: bare names, sentences
-        plan = [[ranked_step(world, pair[0], pair[1], as_named), ranked_step(world, pair[1], pair[0], as_named)]]
-        add("ranked", "comparison", question, pick.name, plan, k=2, depth=1)
-    return out
 
 
 # Hybrid questions in 2Wiki's form: which of two works or companies has the creator or founder born first (``min``)
@@ -469,6 +474,41 @@ _BY_START = {
         "Which {noun} whose {role} was born more recently, {a} or {b}?",
     ],
 }
+
+
+def _start_hybrids(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Hybrids that ask for the start of the chain, as 2Wiki asks its own: which work or company has the creator or
+    founder born first (``_BY_START``)."""
+    for _ in range(per_family * 2):
+        kind = rng.choice(["work", "company"])
+        starts = rng.sample(world.works if kind == "work" else world.companies, 2)
+        chains = [_chain(world, rng, 2, start) for start in starts]
+        born = [c["value"] for c in chains]
+        if born[0] == born[1]:
+            continue
+        wanted = rng.choice(["min", "max"])
+        pick = (min if wanted == "min" else max)(chains, key=lambda c: c["value"])
+        forms = {e.attrs.get("kind") for e in starts}  # a work's form (album, film, …); none for a company
+        noun = forms.pop() if kind == "work" and len(forms) == 1 else kind
+        role = _HOPS[kind][0]
+        form = rng.choice(_BY_START[wanted])
+        question = form.format(noun=noun, role=role, a=starts[0].name, b=starts[1].name)
+        rounds = [[c["plan"][i] for c in chains] for i in range(2)]
+        add("hybrid", "hybrid", question, pick["start"], rounds, k=2, depth=2, answer_round=0)
+
+
+def _ranked_pairs(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Ranked pairs (a world built with them): a value stated as a rank, or only in the other entity's passage."""
+    for i in range(per_family * 3 if world.mountains else 0):
+        group = world.mountains if i % 2 == 0 else world.lakes
+        first = 3 * rng.randrange(len(group) // 3)
+        pair = rng.sample(group[first : first + 3], 2)  # any two of a country's three, in either order
+        wanted = rng.choice(["min", "max"])
+        pick = (min if wanted == "min" else max)(pair, key=lambda e: e.attrs["value"])
+        question = rng.choice(_RANKED_QUESTIONS[pair[0].kind][wanted]).format(a=pair[0].name, b=pair[1].name)
+        as_named = i % 4 >= 2  # half searched and read as real questions are: bare names, sentences
+        plan = [[ranked_step(world, pair[0], pair[1], as_named), ranked_step(world, pair[1], pair[0], as_named)]]
+        add("ranked", "comparison", question, pick.name, plan, k=2, depth=1)
 
 
 def generate(seed: int, entities: int, out: str | Path, per_family: int = 3, ranked: bool = False) -> tuple[Path, Path]:
