@@ -40,6 +40,13 @@ LLM_HELP = (
     "qwen0.5b-base or smollm2-base (untrained), hf:PATH (model or adapter), vllm:URL or provider:model."
 )
 
+# the agent settings both `ask` and `eval` take, with AgentConfig's own help
+ProtocolOption = Annotated[Literal["tags", "tools"], typer.Option(help=describe("protocol"))]
+MaxTurnsOption = Annotated[int, typer.Option(help=describe("max_turns"))]
+TopkOption = Annotated[int, typer.Option(help=describe("topk"))]
+MaxNewTokensOption = Annotated[int, typer.Option(help=describe("max_new_tokens"))]
+DemonstrationOption = Annotated[bool, typer.Option(help=describe("demonstration"))]
+
 
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False) -> None:
@@ -59,11 +66,11 @@ def ask(
         str | None, typer.Option(help="Corpus jsonl (Search-R1 form), or a built index folder; default: embedded.")
     ] = None,
     mode: Annotated[Literal["parallel", "sequential"], typer.Option(help=describe("mode"))] = AgentConfig.mode,
-    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=describe("protocol"))] = AgentConfig.protocol,
-    max_turns: Annotated[int, typer.Option(help=describe("max_turns"))] = AgentConfig.max_turns,
-    topk: Annotated[int, typer.Option(help=describe("topk"))] = AgentConfig.topk,
-    max_new_tokens: Annotated[int, typer.Option(help=describe("max_new_tokens"))] = AgentConfig.max_new_tokens,
-    demonstration: Annotated[bool, typer.Option(help=describe("demonstration"))] = AgentConfig.demonstration,
+    protocol: ProtocolOption = AgentConfig.protocol,
+    max_turns: MaxTurnsOption = AgentConfig.max_turns,
+    topk: TopkOption = AgentConfig.topk,
+    max_new_tokens: MaxNewTokensOption = AgentConfig.max_new_tokens,
+    demonstration: DemonstrationOption = AgentConfig.demonstration,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
     """Answer QUESTION and show the trace: each turn, its parallel sub-queries and what they found."""
@@ -111,11 +118,11 @@ def eval_command(
     ] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
-    protocol: Annotated[Literal["tags", "tools"], typer.Option(help=describe("protocol"))] = AgentConfig.protocol,
-    max_turns: Annotated[int, typer.Option(help=describe("max_turns"))] = AgentConfig.max_turns,
-    topk: Annotated[int, typer.Option(help=describe("topk"))] = AgentConfig.topk,
-    max_new_tokens: Annotated[int, typer.Option(help=describe("max_new_tokens"))] = AgentConfig.max_new_tokens,
-    demonstration: Annotated[bool, typer.Option(help=describe("demonstration"))] = AgentConfig.demonstration,
+    protocol: ProtocolOption = AgentConfig.protocol,
+    max_turns: MaxTurnsOption = AgentConfig.max_turns,
+    topk: TopkOption = AgentConfig.topk,
+    max_new_tokens: MaxNewTokensOption = AgentConfig.max_new_tokens,
+    demonstration: DemonstrationOption = AgentConfig.demonstration,
     strict: Annotated[bool, typer.Option(help="Stop at a bad data line instead of reporting and skipping it.")] = False,
     weights: Annotated[
         list[Path] | None,
