@@ -28,7 +28,7 @@ import numpy as np
 
 from ps_agent.configuration import BOUNDS
 from ps_agent.episodes import aggregate, interval
-from ps_agent.eval import EvalSettings, evaluate
+from ps_agent.eval import MODES, EvalSettings, evaluate
 from ps_agent.eval_report import em_row, read_results
 from ps_agent.llms import (
     OpenAICompletionsPolicy,
@@ -89,9 +89,6 @@ def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
         sample = [r for t in sorted(by_type) for r in rng.sample(by_type[t], min(take, len(by_type[t])))]
         sets[name] = write_set(out / name, sample, folder / "corpus.jsonl")
     return sets
-
-
-MODES = ("parallel", "sequential")
 
 
 def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, str]:

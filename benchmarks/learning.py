@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, figure, held_out_sets  # noqa: E402
 from ps_agent.episodes import aggregate  # noqa: E402
-from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
+from ps_agent.eval import MODES, EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
@@ -38,7 +38,6 @@ from ps_agent.questions import QUESTION_CLASSES  # noqa: E402
 from ps_agent.synthetic import HELD_OUT_SEED  # noqa: E402
 
 POLICIES = ("base", "base+demo", "trained")
-MODES = ("parallel", "sequential")
 
 
 def limited(path: Path, n: int) -> Path:

@@ -6,9 +6,9 @@ width (parallel sub-queries) and depth (sequential hops) are controlled.
 Entities are countries, cities, people, companies and works (and, in a ``ranked`` world, mountains and lakes)
 with attributes and relations; every question carries its answer, its ``family`` (how it was made: one function
 per family, below ``questions``), its ``type`` (``comparison``, yes/no comparisons included / ``bridge`` /
-``hybrid`` / none for single-hop), the gold plan (sub-questions grouped by search round, each with the id of the passage that answers
-it and what it finds there), and the optimal number of search rounds and LLM calls. The names are invented, so
-a model cannot answer from memory.
+``hybrid`` / none for single-hop), the gold plan (sub-questions grouped by search round, each with the id of the
+passage that answers it and what it finds there), and the optimal number of search rounds and LLM calls. The names
+are invented, so a model cannot answer from memory.
 """
 
 from __future__ import annotations
