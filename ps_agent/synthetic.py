@@ -3,12 +3,12 @@ width (parallel sub-queries) and depth (sequential hops) are controlled.
 
     ps-agent synth --seed 0 --entities 200 --out DIR   →   DIR/corpus.jsonl, DIR/questions.jsonl
 
-Entities are countries, cities, people, companies and works (and, in a ``ranked`` world, mountains and lakes)
-with attributes and relations; every question carries its answer, its ``family`` (how it was made: one function
-per family, below ``questions``), its ``type`` (``comparison``, yes/no comparisons included / ``bridge`` /
-``hybrid`` / none for single-hop), the gold plan (sub-questions grouped by search round, each with the id of the
-passage that answers it and what it finds there), and the optimal number of search rounds and LLM calls. The names
-are invented, so a model cannot answer from memory.
+Entities are countries, cities, people, companies and works (and, in a ``ranked`` world, mountains and lakes) with
+attributes and relations; every question carries its answer, its ``family`` (how it was made: one function per
+family below ``questions``, two of them for ``hybrid``), its ``type`` (``comparison``, yes/no comparisons included /
+``bridge`` / ``hybrid`` / none for single-hop), the gold plan (sub-questions grouped by search round, each with the
+id of the passage that answers it and what it finds there), and the optimal number of search rounds and LLM calls.
+The names are invented, so a model cannot answer from memory.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ class ModelArguments:
     init_adapter: str | None = field(
         default=None,
         metadata={
-            "help": "a PEFT LoRA adapter to go on training (e.g. policies/qwen0.5b-parallelsearch, the SFT policy); "
-            "it must have been trained on --model_name_or_path, and the --lora_* flags are then its own"
+            "help": "a PEFT LoRA adapter to go on training (e.g. policies/smollm2-parallelsearch; "
+            "policies/qwen0.5b-parallelsearch with --model_name_or_path qwen0.5b); it must have been trained on "
+            "--model_name_or_path, and its own LoRA config applies (--use_lora and --lora_* are ignored)"
         },
     )
     use_lora: bool = True

@@ -8,9 +8,9 @@ on observation tokens; ``logprobs`` are the sampling log-probabilities of genera
 beside the dataset columns. Each rollout is a line of the trajectory log, and the rollout metrics are
 logged here, once per batch, through TRL's ``log_metric``.
 
-Backends: ``hf`` (in-process generation with the trainer's model, batched across all active rollouts
-turn by turn), ``openai`` (an OpenAI-compatible server that hot-loads the LoRA adapter after each
-optimizer step: vLLM), and ``trl-vllm`` (TRL's own vLLM integration, ``use_vllm=True``).
+Backends: ``hf`` (in-process generation with the trainer's model, batched across all active rollouts turn by turn),
+``openai`` (an OpenAI-compatible server that hot-loads the LoRA adapter after each optimizer step, or reloads the
+merged weights: vLLM; ``training.weight_sync``), and ``trl-vllm`` (TRL's own vLLM integration, ``use_vllm=True``).
 """
 
 from __future__ import annotations
