@@ -847,6 +847,48 @@ def test_ctrl_c_during_rollouts_interrupts_even_when_the_cancelled_runs_finish_a
             asyncio.run(finishes_anyway())
 
 
+RACE = """
+import asyncio, os, signal, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, {root!r})
+from training.signals import ctrl_c_interrupts, sigterm_unwinds
+
+start = threading.Thread.start
+def start_then_signal(self):  # the signal comes the moment the thread has started, before its executor records it
+    start(self)
+    if self.name.startswith("ps-agent-generate"):
+        os.kill(os.getpid(), signal.{signal})
+threading.Thread.start = start_then_signal
+
+async def rollouts():  # the first turn starts the policy's generation thread, as TransformersPolicy's does
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-agent-generate")
+    await asyncio.get_running_loop().run_in_executor(executor, time.sleep, 0.1)
+    await asyncio.sleep(30)
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+try:
+    with {block}():
+        asyncio.run(rollouts())
+except {exception}:
+    print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("block", "signal_name", "exception"),
+    [("ctrl_c_interrupts", "SIGINT", "KeyboardInterrupt"), ("sigterm_unwinds", "SIGTERM", "SystemExit")],
+)
+def test_a_signal_as_the_generation_thread_starts_stops_the_rollouts_and_the_process_exits(
+    tmp_path, block, signal_name, exception
+):
+    """Raised from inside ``Thread.start``, the exception left a thread its executor never recorded, so nothing
+    told it to stop and the interpreter waited for it at exit, for ever (a GRPO run hung after Ctrl-C)."""
+    script = tmp_path / "race.py"
+    script.write_text(RACE.format(root=str(ROOT), signal=signal_name, block=block, exception=exception))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+
+
 def test_ctrl_c_during_rollouts_stays_ignored_where_the_process_ignores_it():
     import asyncio
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -25,12 +26,28 @@ def signal_handled(signum: int, handler: Any) -> Iterator[None]:
 
 
 def signal_raises(signum: int, exception: Callable[[], BaseException]) -> contextlib.AbstractContextManager[None]:
-    """Within the block, ``signum`` raises ``exception()`` in the main thread (``signal_handled``)."""
+    """Within the block, ``signum`` raises ``exception()`` in the main thread (``signal_handled``). Where an event
+    loop runs there, it is raised by the loop between two of its steps, never from inside what the step was doing:
+    raised in the middle of ``Thread.start`` (an executor starting the policy's generation thread), it left a
+    thread that no executor knew of, and the process could not exit. A second signal raises where it lands."""
+    pending = False
 
     def raise_(signum: int, frame: Any) -> None:
-        raise exception()
+        nonlocal pending
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop runs in the main thread
+            loop = None
+        if loop is None or pending:
+            raise exception()
+        pending = True
+        loop.call_soon_threadsafe(_raise, exception)  # asyncio lets KeyboardInterrupt and SystemExit through
 
     return signal_handled(signum, raise_)
+
+
+def _raise(exception: Callable[[], BaseException]) -> None:
+    raise exception()
 
 
 def ctrl_c_interrupts() -> contextlib.AbstractContextManager[None]:
