@@ -1070,7 +1070,7 @@ def test_hf_rollouts_generate_in_the_precision_the_run_trains_in(tiny_model, bf1
     trainer = trainer_double(model, tokenizer)
     trainer.args = SimpleNamespace(bf16=bf16)
     settings = RolloutSettings()
-    policy = rollout_policy(settings, trainer, 1, WeightSync(settings, Path("unused")))
+    policy = rollout_policy(settings, trainer, 1, WeightSync(None, "lora", Path("unused")))
     seen = []
     model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     policy.generate([tokenizer("Who?").input_ids], stop=["</answer>"], max_tokens=2)

@@ -228,7 +228,7 @@ class AgentRollout:
         self.settings = settings
         self.rows = {row["question"]: row for row in rows}  # TRL's prompts are the rows' questions
         self.output_dir = Path(output_dir)
-        self.sync = WeightSync(settings, self.output_dir)
+        self.sync = WeightSync(settings.openai_base_url, settings.weight_sync, self.output_dir)
         self.policy: Callable[[Any, int], Any] = lambda trainer, n: rollout_policy(settings, trainer, n, self.sync)
         self.generation_batches: list[int] = []  # batch sizes of the last rollout's generations (hf, trl-vllm)
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ps_agent.llms.vllm_server import load_adapter, reload_weights, unload_adapter
-
-if TYPE_CHECKING:
-    from training.rollout import RolloutSettings
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +39,8 @@ class WeightSync:
     saves the LoRA adapter and loads it under a new name, unloading the one before (``lora``), or reloads the
     merged weights (``reload``: the served model keeps its name, ``None`` asks the server for it)."""
 
-    def __init__(self, settings: RolloutSettings, output_dir: Path) -> None:
-        self.url, self.mode, self.output_dir = settings.openai_base_url, settings.weight_sync, output_dir
+    def __init__(self, url: str | None, mode: str, output_dir: Path) -> None:
+        self.url, self.mode, self.output_dir = url, mode, output_dir
         self.step: int | None = None
         self.name: str | None = None
 
