@@ -39,6 +39,7 @@ from ps_agent.state import (
     SearchRound,
     SearchTask,
     SubQueryResult,
+    fresh_run,
     stats_of,
     trajectory_of,
 )
@@ -60,7 +61,8 @@ class AgentError(RuntimeError):
 
 
 async def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
-    """Check the question and load the model and retriever (off the event loop, failing fast) before turn one."""
+    """Check the question and load the model and retriever (off the event loop, failing fast) before turn one; the
+    state starts afresh, even on a thread that ran before."""
     context = runtime.context
     question = state.get("question")
     if not isinstance(question, str) or not question.strip():
@@ -80,12 +82,11 @@ async def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
     policy_protocol = PROTOCOLS[context.protocol]
     await asyncio.to_thread(getattr, context, "retriever")
     await asyncio.to_thread(policy_protocol.load, context)
-    return {
-        "question": question,
-        "truncated": truncated,
-        "started_at": time.time(),
-        **policy_protocol.start(question, context),
-    }
+    return fresh_run(
+        state,
+        {"question": question, "truncated": truncated, "started_at": time.time()}
+        | policy_protocol.start(question, context),
+    )
 
 
 async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Annotated, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, get_origin, get_type_hints
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+from langgraph.types import Overwrite
 
 
 class Segment(TypedDict):
@@ -130,6 +131,20 @@ class AgentState(InputState, OutputState, total=False):
     search_rounds: Annotated[list[SearchRound], operator.add]
     pending: PendingRound | None
     hits: Annotated[list[SubQueryResult], merge_hits]
+
+
+ACCUMULATED = tuple(
+    key for key, hint in get_type_hints(AgentState, include_extras=True).items() if get_origin(hint) is Annotated
+)  # the keys whose reducers grow them: transcript, messages, llm_calls, search_rounds, hits
+
+
+def fresh_run(state: AgentState, first: dict[str, Any]) -> dict[str, Any]:
+    """A run's first update: ``first``, and on a thread that ran before (a checkpointer's, as under LangGraph
+    Server and Studio) every key the last run left, reset: its answer would end this run and its turns would reach
+    the model. The lists the reducers grow are replaced (``Overwrite`` bypasses their reducers)."""
+    left = {key for key, value in state.items() if key != "question" and value not in (None, [])}
+    update = {key: [] if key in (*ACCUMULATED, "prompt_messages") else None for key in left} | first
+    return {key: Overwrite(value) if key in ACCUMULATED and key in left else value for key, value in update.items()}
 
 
 class SearchTask(TypedDict):

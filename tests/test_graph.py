@@ -401,3 +401,50 @@ def test_trajectory_and_stats_are_consistent():
         assert call["prompt"].startswith(trajectory["prompt"])
     assert trajectory["response"].startswith(FOUR)
     assert stats["latency_s"] > 0
+
+
+def _without_timings(value):
+    """State values with what differs from run to run (times, message ids) left out."""
+    if isinstance(value, dict):
+        skipped = {"latency_s", "started_at", "deadline", "id"}
+        return {k: _without_timings(v) for k, v in value.items() if k not in skipped}
+    if isinstance(value, list | tuple):
+        return [_without_timings(v) for v in value]
+    if hasattr(value, "model_dump"):  # a LangChain message
+        return _without_timings(value.model_dump())
+    return value
+
+
+@pytest.mark.parametrize("protocol", ["tags", "tools"])
+def test_a_second_question_on_a_thread_starts_afresh(protocol):
+    """Under a checkpointer (LangGraph Server and Studio run every graph on one), a thread keeps the last run's
+    state. Its answer ended the next run at once, and its turns reached the model: the second question on a
+    thread got the first one's answer. Its thread's state must be what a new thread's is after that question."""
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from ps_agent.testing import ToolCallingFakeChatModel, tool_calls
+
+    def policy(city: str):
+        if protocol == "tags":
+            return [f"<search> capital of {city} </search>", f"<answer> {city} answer </answer>"]
+        return [tool_calls(f"capital of {city}"), AIMessage(f"{city} answer")]
+
+    def llm(*cities: str):
+        turns = [turn for city in cities for turn in policy(city)]
+        return scripted_llm(*turns) if protocol == "tags" else ToolCallingFakeChatModel(messages=iter(turns))
+
+    served = graph.copy(update={"checkpointer": InMemorySaver()})
+
+    def run(thread: str, context: Context, *cities: str) -> dict:
+        config = {"configurable": {"thread_id": thread}}
+        outputs = [served.invoke({"question": f"Capital of {city}?"}, config, context=context) for city in cities]
+        return {"output": outputs[-1], "state": served.get_state(config).values}
+
+    both = run(
+        "reused", Context(llm=llm("France", "Italy"), corpus=SleepyRetriever(), protocol=protocol), "France", "Italy"
+    )
+    alone = run("new", Context(llm=llm("Italy"), corpus=SleepyRetriever(), protocol=protocol), "Italy")
+    assert both["output"]["answer"] == "Italy answer"
+    assert both["output"]["stats"]["llm_calls"] == 2
+    assert _without_timings(both["state"]) == _without_timings(alone["state"])

@@ -1,4 +1,5 @@
-"""LangGraph Studio: the real ``langgraph dev`` server serves ``graph``, shows its settings and completes a run."""
+"""LangGraph Studio: the real ``langgraph dev`` server serves ``graph``, shows its settings and completes a run; a
+thread's second run starts afresh."""
 
 import asyncio
 import os
@@ -13,6 +14,7 @@ from ps_agent import AgentConfig
 from ps_agent.processes import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
+EIFFEL = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 
 
 @pytest.mark.slow
@@ -41,16 +43,13 @@ def test_langgraph_dev_serves_the_graph(qwen_path, tmp_path):
                     {"context": {"search_retries": 10**9}},
                 )
             ]
-            return (
-                schemas,
-                refused,
-                await client.runs.wait(
-                    None,
-                    "parallel_search",
-                    input={"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"},
-                    config={"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}},
-                ),
-            )
+            thread = await client.threads.create()  # Studio's way: runs on a thread, whose state is kept
+            config = {"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}}
+            results = [
+                await client.runs.wait(thread["thread_id"], "parallel_search", input={"question": q}, config=config)
+                for q in ("Which river is longer, the Nile or the Amazon?", EIFFEL)
+            ]
+            return schemas, refused, results[-1]
 
         secret = tmp_path / "private.jsonl"  # a server file a client must not be able to read
         secret.write_text('{"id": "1", "contents": "\\"Secret\\"\\nthe operator\'s private line"}\n')
@@ -71,3 +70,5 @@ def test_langgraph_dev_serves_the_graph(qwen_path, tmp_path):
         assert isinstance(result["answer"], str)
         assert result["trajectory"]["mode"] == "sequential"
         assert result["stats"]["llm_calls"] == len(result["trajectory"]["llm_calls"]) <= 2
+        first_prompt = result["trajectory"]["llm_calls"][0]["prompt"]  # the thread's second run starts afresh
+        assert result["trajectory"]["question"] == EIFFEL and "Nile" not in first_prompt, first_prompt
