@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def test_resume_true_takes_the_newest_whole_checkpoint_and_skips_a_torn_one(
         main(sft_args(tiny_model, path, tmp_path / "empty", "--max_steps", "3", "--resume_from_checkpoint", "True"))
 
 
-def test_a_resume_on_other_episodes_is_refused_naming_both_files(tiny_model, episodes_file, tmp_path):
+def test_a_resume_on_other_episodes_or_another_limit_or_seed_is_refused(tiny_model, episodes_file, tmp_path):
     """A run resumed in a later session skips the batches it trained on by position: on a rebuilt episode
     file that differs, it would skip episodes it never saw and train twice on others."""
     path, episodes = episodes_file
@@ -138,6 +139,9 @@ def test_a_resume_on_other_episodes_is_refused_naming_both_files(tiny_model, epi
         main(sft_args(tiny_model, other, out, *resume))
     copy = tmp_path / "copy.jsonl"  # the same bytes rebuilt elsewhere resume
     copy.write_bytes(path.read_bytes())
+    for flag, value in (("--limit", "6"), ("--seed", "1")):  # the same file, but other episodes or another order
+        with pytest.raises(SystemExit, match=rf"was trained with {flag} (None|0), but this run has {flag} {value}"):
+            main(sft_args(tiny_model, copy, out, *resume, flag, value))
     main(sft_args(tiny_model, copy, out, *resume))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
 
@@ -293,3 +297,20 @@ def test_an_adapter_holding_nan_is_not_saved(tiny_model, tmp_path):
     with pytest.raises(FloatingPointError, match=r"1 of its 4 tensors hold NaN or inf \(first: .*lora_B"):
         save_adapter(model, tmp_path / "final", torch.bfloat16, "tiny")
     assert not (tmp_path / "final").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--packing", "true"], "--packing / --padding_free"),
+        (["--loss_type", "dft"], "--loss_type dft"),
+        (["--loss", "full", "--padding_free", "true"], "--packing / --padding_free"),
+        (["--label_smoothing_factor", "0.1"], "--label_smoothing_factor"),
+    ],
+)
+def test_what_our_loss_would_ignore_is_refused_before_anything_loads(tmp_path, flags, named):
+    """Our losses take one unpacked episode a row in TRL's cross-entropy: with packing they ran the decoder
+    without the packed rows' position ids (episodes attended to each other), and --loss_type dft was ignored."""
+    missing = tmp_path / "no-model"  # refused before the model or the episodes are read
+    with pytest.raises(ValueError, match=rf"would ignore {re.escape(named)}: pass --loss trl"):
+        main(sft_args(missing, tmp_path / "no-episodes.jsonl", tmp_path / "run", *flags))

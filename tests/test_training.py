@@ -742,14 +742,19 @@ def test_vllm_cpu_backend_is_refused_with_the_reason_when_its_virtualenv_cannot_
         pass
 
 
-def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_dropped(tmp_path):
+def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_checkpoints_is_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     from training.run_grpo import prepare_trajectory_logs
 
-    for step in (1, 2):
+    for step in (1, 2, 3):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         adapter = {"base_model_name_or_path": "qwen2.5-coder-0.5b-instruct", "peft_type": "LORA"}
         (tmp_path / f"checkpoint-{step}" / "adapter_config.json").write_text(json.dumps(adapter))
+        if step < 3:  # checkpoint-3 was cut off before its weights: the state file alone is no checkpoint
+            save_file({"lora_A": torch.zeros(1)}, tmp_path / f"checkpoint-{step}" / "adapter_model.safetensors")
     log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
     for step in (0, 1, 2, 3):
         log.append({"step": step})
@@ -764,6 +769,12 @@ def test_resume_true_means_the_newest_checkpoint_and_its_later_rollouts_are_drop
     assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
     with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
         prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))
+    with pytest.raises(SystemExit, match=r"checkpoint-3 holds no weights"):
+        prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-3"))
+    fresh = r"holds an earlier run's checkpoints \(checkpoint-3, checkpoint-2, checkpoint-1\).*--resume_from_checkpoint"
+    with pytest.raises(SystemExit, match=fresh):  # else a later resume would pick up the earlier run's newest step
+        prepare_trajectory_logs(str(tmp_path), None)
+    assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]  # refused before the logs were moved
 
 
 def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(smollm2_path, tmp_path):

@@ -17,27 +17,31 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 _STEP = re.compile(r"^checkpoint-(\d+)$")
 WEIGHTS = ("adapter_model.safetensors", "model.safetensors")
+SHARDED = "model.safetensors.index.json"  # a full model saved in shards
 #: the file of a checkpoint that names the episodes it was trained on
 EPISODES = "episodes.json"
 
 
-def episodes_record(path: str | Path) -> dict[str, str]:
-    """What names an episode file for a checkpoint: its path and the sha256 of its bytes."""
+def episodes_record(path: str | Path, limit: int | None = None, seed: int | None = None) -> dict[str, Any]:
+    """What names the episodes of a run for its checkpoints: the file's path and the sha256 of its bytes, and the
+    run's ``--limit`` (its first N episodes) and ``--seed`` (their order)."""
     digest = hashlib.sha256()
     with Path(path).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"episodes": str(path), "sha256": digest.hexdigest()}
+    return {"episodes": str(path), "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
 
 
-def check_same_episodes(checkpoint: str | Path, record: dict[str, str]) -> None:
-    """Refuse to resume ``checkpoint`` on episodes other than those it recorded; one that recorded none (made
-    before checkpoints did) is resumed with a warning."""
+def check_same_episodes(checkpoint: str | Path, record: dict[str, Any]) -> None:
+    """Refuse to resume ``checkpoint`` on episodes other than those it recorded, or on another ``--limit`` or
+    ``--seed`` (checkpoints made before those were recorded are checked on the file alone); one that recorded
+    nothing (made before checkpoints did) is resumed with a warning."""
     try:
         saved = json.loads((Path(checkpoint) / EPISODES).read_text())
     except FileNotFoundError:
@@ -49,6 +53,13 @@ def check_same_episodes(checkpoint: str | Path, record: dict[str, str]) -> None:
             f"given are {record['episodes']} (sha256 {record['sha256']}): a resume skips batches by position, so "
             "it needs the same file; rebuild it with the command that made it (the run's config says which)"
         )
+    for key in ("limit", "seed"):
+        if key in saved and saved[key] != record[key]:
+            raise SystemExit(
+                f"{checkpoint} was trained with --{key} {saved[key]}, but this run has --{key} {record[key]}: a "
+                f"resume skips batches by position, so it needs the same episodes in the same order; pass --{key} "
+                f"{saved[key]}"
+            )
 
 
 def save_adapter_weights(tensors: dict, out: Path, dtype) -> Path:
@@ -81,7 +92,10 @@ def incomplete(folder: Path) -> str | None:
         return "trainer_state.json has no global_step"
     from safetensors import safe_open
 
-    for weights in (folder / name for name in WEIGHTS if (folder / name).is_file()):
+    present = [folder / name for name in WEIGHTS if (folder / name).is_file()]
+    if not present and not (folder / SHARDED).is_file():
+        return f"{folder} holds no weights ({' or '.join(WEIGHTS)}): a save cut off before its end"
+    for weights in present:
         try:
             with safe_open(weights, framework="pt") as opened:
                 opened.keys()
@@ -114,11 +128,19 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 def resume_checkpoint(
     output_dir: str | Path, resume_from_checkpoint: str | bool | None, base: str | Path | None = None
 ) -> str | None:
-    """The checkpoint to hand ``Trainer.train``: None for a fresh run, a named folder once checked, or for
-    ``True`` the newest complete one in ``output_dir`` (each newer incomplete one skipped with its reason); with
-    ``base``, an adapter checkpoint of another base model is refused."""
+    """The checkpoint to hand ``Trainer.train``: None for a fresh run (refused in an ``output_dir`` that holds
+    checkpoints), a named folder once checked, or for ``True`` the newest complete one in ``output_dir`` (each newer
+    incomplete one skipped with its reason); with ``base``, an adapter checkpoint of another base model is
+    refused."""
     value = resume_from_checkpoint
     if value in (None, False, "", "False", "false", "None"):
+        earlier = checkpoints(output_dir)
+        if earlier:  # the Trainer would save beside them, and a later resume would pick the newest step: theirs
+            raise SystemExit(
+                f"{output_dir} holds an earlier run's checkpoints ({', '.join(p.name for p in earlier[:3])}"
+                f"{', …' if len(earlier) > 3 else ''}): pass --resume_from_checkpoint True to continue that run, "
+                "or start afresh in another --output_dir"
+            )
         return None
     if value not in (True, "True", "true"):
         chosen = Path(str(value))

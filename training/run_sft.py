@@ -11,9 +11,8 @@ token, so the loss falls on the model's own turns only (TRL uses given ``labels`
 episodes of similar length (``train_sampling_strategy="group_by_length"``), so padding is small; there is no
 gradient checkpointing (TRL's default recomputes every forward; a 0.5B model fits without it), and the loss
 projects through the LM head only the positions it trains on (``--loss full``: the model's own loss over every
-position; ``--loss trl``: TRL's fused LM head, slower on a CPU). Padding-free packing (``--packing true``) needs
-flash attention to pay: with SDPA on a CPU it attends over the whole packed row. benchmarks/sft_speed.py
-measures these side by side.
+position; ``--loss trl``: TRL's fused LM head, slower on a CPU, and the only one that takes packing and TRL's other
+loss types, refused with the others). benchmarks/sft_speed.py measures these side by side.
 LoRA on every linear layer (``--use_lora false`` for full fine-tuning); on the GPU when torch sees one, with bf16
 autocast, else on the CPU, in bf16 only where it has native bf16. Every field of ``SFTArguments`` and TRL's
 ``SFTConfig`` is a flag or a key of the ``--config`` YAML; ``--resume_from_checkpoint`` continues a run, on
@@ -159,6 +158,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args, config = parse(argv)
     logger.info("training in %s", "bfloat16 autocast" if config.bf16 else "float32")
+    _check_loss(args.loss, config)
 
     path = model_path(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     too_long = sum(len(r["input_ids"]) > config.max_length for r in rows)
     if too_long:
         raise ValueError(
-            f"{too_long} episodes are longer than max_length={config.max_length}: packing would cut them; "
+            f"{too_long} episodes are longer than max_length={config.max_length}: TRL would cut them; "
             "build the episodes with the same --max-length (training/gold.py) or raise max_length"
         )
     logger.info("%d episodes, %d tokens, %d trained", len(rows), *_token_counts(rows))
-    episodes = episodes_record(args.episodes)
+    episodes = episodes_record(args.episodes, args.limit, config.seed)
     resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint, path)  # refused before loading
     if resume:
         check_same_episodes(resume, episodes)
@@ -179,8 +179,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    if args.loss not in ("trained_positions", "full", "trl"):
-        raise ValueError(f"--loss must be trained_positions, full or trl, got {args.loss!r}")
     trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
     trainer = trainer_class(
         model=model,
@@ -204,7 +202,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     return final
 
 
-def _episodes_callback(record: dict[str, str]):
+def _episodes_callback(record: dict[str, Any]):
     """A callback that writes ``record`` (the episodes trained on) into each checkpoint it follows."""
     from transformers import TrainerCallback
 
@@ -215,6 +213,21 @@ def _episodes_callback(record: dict[str, str]):
                 (folder / EPISODES).write_text(json.dumps(record) + "\n")
 
     return RecordEpisodes()
+
+
+def _check_loss(loss: str, config: Any) -> None:
+    """Refuse what ``loss`` would not apply. Our losses (``trained_positions``, ``full``) take one unpadded
+    episode a row and TRL's cross-entropy (``loss_type nll``); only ``trl``, TRL's own loss, knows packing's
+    position ids and the other loss types."""
+    if loss not in ("trained_positions", "full", "trl"):
+        raise ValueError(f"--loss must be trained_positions, full or trl, got {loss!r}")
+    ignored = [
+        *(["--packing / --padding_free"] if loss != "trl" and (config.packing or config.padding_free) else []),
+        *([f"--loss_type {config.loss_type}"] if loss != "trl" and config.loss_type != "nll" else []),
+        *(["--label_smoothing_factor"] if loss == "trained_positions" and config.label_smoothing_factor else []),
+    ]
+    if ignored:
+        raise ValueError(f"--loss {loss} would ignore {', '.join(ignored)}: pass --loss trl with them, or drop them")
 
 
 def _own_loss_trainer(loss: str):
