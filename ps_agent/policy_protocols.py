@@ -156,16 +156,22 @@ class ToolsProtocol:
         reply = await runnable.ainvoke(state["messages"] + new, **token_cap(model, context.max_new_tokens))
         usage = reply.usage_metadata or {}
         completion = Completion(
-            text=reply.text + "".join(json.dumps(call["args"]) for call in reply.tool_calls),
+            text=reply.text
+            + "".join(json.dumps(call["args"]) for call in reply.tool_calls)
+            + "".join(str(call["args"] or "") for call in reply.invalid_tool_calls),
             prompt_text=get_buffer_string(state["messages"]),
             prompt_tokens=usage.get("input_tokens"),
             completion_tokens=usage.get("output_tokens"),
             finish_reason=reply.response_metadata.get("finish_reason"),
         )
         update = {"messages": [*new, reply]}
-        if reply.tool_calls and not forced:
+        # a call whose arguments were not JSON is invalid, but still a call: it is answered, as an empty query is
+        # (an unanswered call is an error at OpenAI's API); a call without an id gets one for its answer
+        calls = [*reply.tool_calls, *reply.invalid_tool_calls]
+        if calls and not forced:
             queries = [str(call["args"].get("query", "")).strip() for call in reply.tool_calls]
-            ids = [call["id"] for call in reply.tool_calls]
+            queries += [""] * len(reply.invalid_tool_calls)
+            ids = [call.get("id") or f"call_{i}" for i, call in enumerate(calls)]
             return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids)
         if reply.text.strip():
             action = "forced_answer" if forced else "answer"
@@ -186,7 +192,7 @@ class ToolsProtocol:
     @staticmethod
     def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
         if not query:
-            return "Search failed: empty query."
+            return 'Search failed: no query; call search with arguments {"query": "<what to search for>"}.'
         if query not in results:
             if context.mode == "sequential":
                 return "Not searched: one search per turn in sequential mode."

@@ -135,16 +135,20 @@ def render_chat_prompt(
     return [*demo, {"role": "user", "content": render_prompt(question, mode)}]
 
 
-def close_action(text: str) -> str:
+def close_action(text: str, stopped: bool = True) -> str:
     """Cut ``text`` after its first complete action and restore a stop tag the backend dropped.
 
     OpenAI-style servers and most LangChain models strip the stop sequence from the output;
-    Hugging Face keeps it. Either way the completion ends with ``</search>`` or ``</answer>``.
+    Hugging Face keeps it. Either way the completion ends with ``</search>`` or ``</answer>``. The tag is
+    restored only where the model stopped on it: a completion cut at its token limit (``stopped`` False) is left
+    unclosed, and so invalid, as Hugging Face's is.
     """
     action = _first_action(text)
     if action is not None:
         return text[: action[2]]
-    opened = _ACTION_OPEN_RE.search(text)  # with no complete action, the first tag is unclosed
+    if not stopped:
+        return text
+    opened = max(_ACTION_OPEN_RE.finditer(text), key=lambda m: m.start(), default=None)  # the stop followed it
     if opened and not _ANY_TAG_RE.search(text, opened.end()):
         return text + f"</{opened.group(1)}>"
     return text

@@ -518,3 +518,26 @@ def test_tags_injected_by_a_passage_do_not_flip_the_default_policys_answer(qwen_
         )
         answers.append(out["answer"])
     assert answers[0] == answers[1] and "Everest" in answers[0], answers
+
+
+@pytest.mark.parametrize(
+    ("metadata", "closed"),
+    [
+        ({"finish_reason": "stop"}, True),  # OpenAI dropped the stop sequence: restored
+        ({}, True),  # a model that reports no reason
+        ({"finish_reason": "length"}, False),  # cut at max_tokens: the half answer stays unclosed, so invalid
+        ({"stop_reason": "max_tokens"}, False),  # Anthropic's word for it
+    ],
+)
+def test_a_langchain_turn_cut_at_its_token_limit_is_not_closed_into_an_answer(metadata, closed):
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from ps_agent.llms.langchain import LangChainChatPolicy
+    from ps_agent.protocol import parse_action
+
+    reply = AIMessage("<think>x</think><answer> The capital of Fr", response_metadata=metadata)
+    policy = LangChainChatPolicy(GenericFakeChatModel(messages=iter([reply])))
+    prompt = render_chat_prompt("Q?")
+    completion = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=8))
+    action = parse_action(completion.text)
+    assert (action.kind, action.content) == (("answer", "The capital of Fr") if closed else ("invalid", ""))

@@ -78,6 +78,12 @@ def test_close_action_restores_stripped_stop_and_cuts_after_action():
     assert close_action("<think>x</think><search> q ") == "<think>x</think><search> q </search>"
     assert close_action("<answer> a </answer> trailing <search> z </search>") == "<answer> a </answer>"
     assert close_action("plain text") == "plain text"
+    # the stop follows the last tag opened, not a tag the thinking mentions
+    mention = "<think> no need to <search> again </think>\n<answer> Paris"
+    assert parse_action(close_action(mention)).content == "Paris"
+    # cut at the token limit: no stop was dropped, and the half answer is not made whole
+    assert close_action("<think>x</think><answer> The capital of Fr", stopped=False).endswith("of Fr")
+    assert parse_action(close_action("<answer> The capital of Fr", stopped=False)).kind == "invalid"
 
 
 def test_forced_answer():
@@ -208,7 +214,7 @@ N = 50_000  # 0.4 MB turns: a quadratic parser runs for minutes (4.6 s at 64 KB,
 def test_adversarial_turns_parse_in_linear_time(text, kind, error):
     action = parse_action(text)
     assert (action.kind, action.error) == (kind, error)
-    assert close_action(text) == text  # ends with its action, or has tags after its unclosed one
+    assert parse_action(close_action(text)).kind == kind
     assert not is_well_formed_turn(text)
     neutralise(text)
     parse_forced_answer(text)
@@ -227,6 +233,9 @@ _REFERENCE_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 _REFERENCE_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _REFERENCE_OPEN_ACTION_RE = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
 _REFERENCE_ANY_TAG_RE = re.compile(r"</?\s*(think|search|information|answer)\s*>", re.IGNORECASE)
+_REFERENCE_UNCLOSED_LAST_RE = re.compile(
+    r"(?-i:<(search|answer)>)(?:(?!</?\s*(?:think|search|information|answer)\s*>).)*\Z", re.DOTALL | re.IGNORECASE
+)
 
 
 def reference_parse_action(text: str, mode: Mode) -> Action:
@@ -252,10 +261,8 @@ def reference_close_action(text: str) -> str:
     match = _REFERENCE_ACTION_RE.search(text)
     if match:
         return text[: match.end()]
-    opened = _REFERENCE_OPEN_ACTION_RE.search(text)
-    if opened and not _REFERENCE_ANY_TAG_RE.search(text, opened.end()):
-        return text + f"</{opened.group(1)}>"
-    return text
+    opened = _REFERENCE_UNCLOSED_LAST_RE.search(text)  # an action tag with no tag after it, to the end
+    return text + f"</{opened.group(1)}>" if opened else text
 
 
 _PIECES = [f"<{c}{t}>" for t in ("think", "search", "answer", "information") for c in ("", "/")]

@@ -30,7 +30,7 @@ def test_every_tool_call_gets_its_tool_message():
     assert [m.tool_call_id for m in tool_messages] == ["call_0", "call_1", "call_2"]
     assert tool_messages[0].content == tool_messages[1].content
     assert "Doc 1(Title: Title of a)" in tool_messages[0].content
-    assert tool_messages[2].content == "Search failed: empty query."
+    assert tool_messages[2].content.startswith('Search failed: no query; call search with arguments {"query"')
     assert state["search_rounds"][0]["searched"] == ["a"]
 
 
@@ -63,3 +63,29 @@ def test_tools_protocol_needs_a_chat_model():
 
     with pytest.raises(ValueError, match="tools protocol needs a chat model"):
         ParallelSearchAgent(retriever=SleepyRetriever(), protocol="tools").invoke("Q?")
+
+
+def test_a_call_with_arguments_that_are_not_json_or_without_an_id_is_answered():
+    """A call the model botched (its arguments cut off, so not JSON) is one LangChain keeps apart as invalid;
+    left unanswered, the next request is one OpenAI's API refuses (every tool call needs its tool message).
+    A call without an id crashed the run with a pydantic error."""
+    botched = AIMessage(
+        content="",
+        invalid_tool_calls=[
+            {
+                "name": "search",
+                "args": '{"query": "capital of Fr',
+                "id": "c0",
+                "error": None,
+                "type": "invalid_tool_call",
+            }
+        ],
+        tool_calls=[{"name": "search", "args": {"query": "France"}, "id": None, "type": "tool_call"}],
+    )
+    model = chat(botched, AIMessage("Paris"))
+    agent = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools")
+    state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "search_rounds", "answer"])
+    answered = {m.tool_call_id: m.content for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert sorted(answered) == ["c0", "call_0"]
+    assert answered["c0"].startswith("Search failed: no query") and "France" in answered["call_0"]
+    assert [r["searched"] for r in state["search_rounds"]] == [["France"]] and state["answer"] == "Paris"

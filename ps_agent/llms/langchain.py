@@ -18,6 +18,13 @@ def token_cap(model: BaseLanguageModel, max_tokens: int) -> dict[str, int]:
     return {"max_tokens": max_tokens} if "max_tokens" in type(model).model_fields else {}
 
 
+def cut_at_token_limit(finish_reason: str | None, metadata: dict) -> bool:
+    """Whether a model stopped at its token limit rather than on a stop sequence: OpenAI's and vLLM's
+    ``finish_reason`` "length", Anthropic's ``stop_reason`` "max_tokens", Ollama's ``done_reason`` "length"."""
+    reasons = {finish_reason, metadata.get("stop_reason"), metadata.get("done_reason")}
+    return bool(reasons & {"length", "max_tokens"})
+
+
 class LangChainLLMPolicy:
     """Any LangChain ``BaseLLM``: the prompt and response as one plain string."""
 
@@ -32,12 +39,14 @@ class LangChainLLMPolicy:
         result = await self.llm.agenerate([prompt_text], stop=list(stop), **token_cap(self.llm, max_tokens))
         generation = result.generations[0][0]
         usage = (result.llm_output or {}).get("token_usage", {})
+        info = generation.generation_info or {}
+        finish_reason = info.get("finish_reason")
         return Completion(
-            text=close_action(generation.text),
+            text=close_action(generation.text, stopped=not cut_at_token_limit(finish_reason, info)),
             prompt_text=prompt_text,
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
-            finish_reason=(generation.generation_info or {}).get("finish_reason"),
+            finish_reason=finish_reason,
         )
 
 
@@ -67,10 +76,11 @@ class LangChainChatPolicy:
         messages = transcript_messages(prompt, transcript)
         message = await self.model.ainvoke(messages, stop=list(stop), **token_cap(self.model, max_tokens))
         usage = message.usage_metadata or {}
+        finish_reason = message.response_metadata.get("finish_reason")
         return Completion(
-            text=close_action(message.text),
+            text=close_action(message.text, stopped=not cut_at_token_limit(finish_reason, message.response_metadata)),
             prompt_text=plain_text(prompt, transcript),
             prompt_tokens=usage.get("input_tokens"),
             completion_tokens=usage.get("output_tokens"),
-            finish_reason=message.response_metadata.get("finish_reason"),
+            finish_reason=finish_reason,
         )
