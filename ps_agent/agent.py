@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
-from langchain_core.runnables.config import merge_configs
+from langchain_core.runnables.config import get_config_list, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
@@ -53,9 +53,15 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         settings = {f.name: getattr(config, f.name) for f in fields(AgentConfig)}
         return cls(settings.pop("llm"), settings.pop("corpus"), choices=choices, **settings)
 
-    def _run(self, config: RunnableConfig | None) -> tuple[RunnableConfig, Context]:
+    def _run(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> tuple[RunnableConfig, Context]:
         """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied and its
         ``llm``/``corpus`` names looked up in ``choices``."""
+        if "context" in kwargs:
+            raise TypeError(
+                "ParallelSearchAgent builds each run's context itself: pass its settings to the constructor, or per "
+                "run as config={'configurable': {...}} (mode, max_turns, …); "
+                f"got context={kwargs['context']!r:.80}"
+            )
         context = self.context.with_overrides(config)
         configurable = (config or {}).get("configurable", {})
         picked = {kind: self.choices.pick(kind, configurable[kind]) for kind in RESOURCES if kind in configurable}
@@ -77,22 +83,49 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     async def ainvoke(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        config, context = self._run(config)
+        config, context = self._run(config, kwargs)
         return await self.graph.ainvoke(self._input(input), config, context=context, **kwargs)
 
     def stream(self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         """The graph's stream: with the default ``stream_mode="updates"``, one item per node run."""
         kwargs.setdefault("stream_mode", "updates")
-        config, context = self._run(config)
+        config, context = self._run(config, kwargs)
         yield from self.graph.stream(self._input(input), config, context=context, **kwargs)
 
     async def astream(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         kwargs.setdefault("stream_mode", "updates")
-        config, context = self._run(config)
+        config, context = self._run(config, kwargs)
         async for chunk in self.graph.astream(self._input(input), config, context=context, **kwargs):
             yield chunk
+
+    def batch(
+        self,
+        inputs: list[dict[str, Any] | str],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Runs at once: at most the agent's ``max_concurrency``, unless the config says how many."""
+        configs = self._batch_configs(config, len(inputs))
+        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    async def abatch(
+        self,
+        inputs: list[dict[str, Any] | str],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        configs = self._batch_configs(config, len(inputs))
+        return await super().abatch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    def _batch_configs(self, config: RunnableConfig | list[RunnableConfig] | None, n: int) -> list[RunnableConfig]:
+        limit = {"max_concurrency": self.context.max_concurrency}
+        return [c if c.get("max_concurrency") is not None else {**c, **limit} for c in get_config_list(config, n)]
 
     def as_tool(
         self,
@@ -101,13 +134,15 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         "question has independent parts. Input: the question. Output: a short answer.",
         **_: Any,
     ) -> BaseTool:
-        """This agent as a LangChain tool that takes a question and returns the answer text."""
+        """This agent as a LangChain tool that takes a question and returns the answer text; a call's config
+        (``configurable`` settings, callbacks) reaches the run."""
 
-        def answer(question: str) -> str:
-            return self.invoke({"question": question})["answer"] or ""
+        # LangChain hands a tool function the caller's config (its configurable settings, callbacks, tags)
+        def answer(question: str, config: RunnableConfig) -> str:
+            return self.invoke({"question": question}, config)["answer"] or ""
 
-        async def aanswer(question: str) -> str:
-            return (await self.ainvoke({"question": question}))["answer"] or ""
+        async def aanswer(question: str, config: RunnableConfig) -> str:
+            return (await self.ainvoke({"question": question}, config))["answer"] or ""
 
         return StructuredTool.from_function(
             func=answer, coroutine=aanswer, name=name, description=description, args_schema=_Question

@@ -68,7 +68,11 @@ class AgentConfig:
         default=None, metadata={"description": "searches per second per retrieval backend (off when unset)"}
     )
     max_concurrency: int = field(
-        default=16, metadata={"description": "LangGraph's max_concurrency: parallel searches and batch runs"}
+        default=16,
+        metadata={
+            "description": "LangGraph's max_concurrency for ParallelSearchAgent: its parallel searches and batch runs "
+            "(a served graph's run takes LangGraph's own, from the run's config)"
+        },
     )
     demonstration: bool = field(
         default=False,

@@ -6,6 +6,7 @@ import time
 import pytest
 from langchain_core.documents import Document
 from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.language_models.llms import LLM
 from langchain_core.retrievers import BaseRetriever
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -14,6 +15,7 @@ from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.context import Context
 from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
+from ps_agent.retrieval import Passage
 from ps_agent.testing import InFlightRetriever, SleepyRetriever, scripted_llm
 
 FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </search>"
@@ -296,7 +298,19 @@ class MalformedRetriever:
         return self.value
 
 
-@pytest.mark.parametrize("value", [[[None]], None, [], [["a passage as text"]], "text", [[{"id": 1}]]])
+@pytest.mark.parametrize(
+    "value",
+    [
+        [[None]],
+        None,
+        [],
+        [["a passage as text"]],
+        "text",
+        [[{"id": 1}]],
+        [[Passage(id="1", title=None, text="a passage without a title")]],  # crashed observe with a TypeError
+        [[Passage(id=1, title="T", text=b"bytes")]],
+    ],
+)
 def test_malformed_retriever_answers_are_failed_searches(value):
     agent = ParallelSearchAgent(
         llm=scripted_llm("<search> a </search>", ANSWER), retriever=MalformedRetriever(value), search_retries=0
@@ -377,6 +391,43 @@ def test_as_tool_returns_the_answer():
     assert tool.name == "parallel_search"
     assert tool.invoke({"question": "Q?"}) == "Paris"
     assert asyncio.run(tool.ainvoke({"question": "Q?"})) == "Paris"
+
+
+def test_as_tool_passes_the_calls_config_to_the_run():
+    retriever = SleepyRetriever()
+    tool = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER, FOUR, ANSWER), retriever=retriever).as_tool()
+    sequential = {"configurable": {"mode": "sequential"}}
+    assert tool.invoke("Q?", config=sequential) == "Paris"
+    assert asyncio.run(tool.ainvoke("Q?", config=sequential)) == "Paris"
+    assert retriever.calls == [["a ## b ## c ## d"]] * 2  # searched whole, as sequential mode does
+
+
+class SearchThenAnswer(LLM):
+    """Test double: a policy that searches on a run's first turn and answers once it has read."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "search-then-answer"
+
+    def _call(self, prompt, stop=None, run_manager=None, **kwargs):
+        return ANSWER if "Doc 1(Title:" in prompt else "<search> a </search>"  # read an observation
+
+
+@pytest.mark.parametrize("path", ["batch", "abatch"])
+def test_batch_runs_at_most_the_agents_max_concurrency_at_once(path):
+    """``max_concurrency`` bounds batch runs, as its description says; batch took it from its config only."""
+    retriever = InFlightRetriever(expect=2)
+    agent = ParallelSearchAgent(llm=SearchThenAnswer(), retriever=retriever, max_concurrency=2)
+    questions = [f"Q{i}?" for i in range(6)]
+    outs = agent.batch(questions) if path == "batch" else asyncio.run(agent.abatch(questions))
+    assert [o["answer"] for o in outs] == ["Paris"] * 6 and len(retriever.calls) == 6
+    assert retriever.peak == 2, f"{retriever.peak} runs searched at once, with max_concurrency=2"
+
+
+def test_a_context_given_to_a_run_is_refused_saying_where_settings_go():
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    with pytest.raises(TypeError, match=r"to the constructor, or per run as config=\{'configurable': \{\.\.\.\}\}"):
+        agent.invoke("Q?", context={"mode": "sequential"})
 
 
 def test_graph_works_as_a_subgraph():

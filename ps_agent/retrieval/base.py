@@ -78,6 +78,9 @@ def _checked(results: object, k: int) -> list[Passage]:
     passages = results[0]
     if not isinstance(passages, Sequence) or not all(isinstance(p, Passage) for p in passages):
         raise TypeError(f"retriever returned {passages!r:.120} for the query: expected a list of Passage")
+    for p in passages:
+        if not (isinstance(p.id, str) and isinstance(p.title, str) and isinstance(p.text, str)):
+            raise TypeError(f"retriever returned {p!r:.120}: expected a list of Passage with str id, title and text")
     return list(passages)[:k]
 
 
