@@ -541,3 +541,23 @@ def test_a_langchain_turn_cut_at_its_token_limit_is_not_closed_into_an_answer(me
     completion = asyncio.run(policy.acomplete(prompt, [], stop=STOP_SEQUENCES, max_tokens=8))
     action = parse_action(completion.text)
     assert (action.kind, action.content) == (("answer", "The capital of Fr") if closed else ("invalid", ""))
+
+
+def test_an_adapter_of_one_runs_final_model_is_refused_on_another_runs(tmp_path):
+    """Every full fine-tune saves to OUTPUT_DIR/final: a name that tells no model apart, so where both folders
+    are here they must be the same one (an embedded base is still matched by its folder name, so adapters
+    travel)."""
+    from ps_agent.llms.adapters import adapter_base
+
+    for run in ("full-a", "full-b"):
+        (tmp_path / run / "final").mkdir(parents=True)
+        (tmp_path / run / "final" / "config.json").write_text('{"model_type": "llama"}')
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(tmp_path / "full-a/final")})
+    )
+    assert adapter_base(adapter, tmp_path / "full-a" / "final") == tmp_path / "full-a" / "final"
+    with pytest.raises(LLMSpecError, match=r"was trained on base model '.*full-a/final', but the base model given"):
+        adapter_base(adapter, tmp_path / "full-b" / "final")

@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ps_agent.llms.adapters import same_base
+
 logger = logging.getLogger(__name__)
 
 _STEP = re.compile(r"^checkpoint-(\d+)$")
@@ -105,14 +107,14 @@ def incomplete(folder: Path) -> str | None:
 
 
 def check_same_base(checkpoint: str | Path, base: str | Path) -> None:
-    """Refuse to resume the adapter ``checkpoint`` on a base model other than the one it records (compared by
-    folder name, as ``ps_agent.llms.adapter_base`` compares a shipped adapter's); a full-model checkpoint, which
-    records no adapter base, passes."""
+    """Refuse to resume the adapter ``checkpoint`` on a base model other than the one it records
+    (``ps_agent.llms.adapters.same_base``, as a shipped adapter's is checked); a full-model checkpoint, which records
+    no adapter base, passes."""
     config = Path(checkpoint) / "adapter_config.json"
     if not config.is_file():
         return
     recorded = json.loads(config.read_text()).get("base_model_name_or_path")
-    if recorded and Path(recorded).name != Path(base).name:
+    if recorded and not same_base(recorded, base):
         raise SystemExit(
             f"{checkpoint} is an adapter of base model {recorded!r}, but this run trains {str(base)!r}: resume "
             "it with the --model_name_or_path it was trained on, or start afresh in another --output_dir"

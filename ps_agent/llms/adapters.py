@@ -6,12 +6,27 @@ base (``ps_agent.llms.embedded``)."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from ps_agent.llms.base import LLMSpecError
 from ps_agent.llms.embedded import EMBEDDED_BASES, embedded_model_path
+
+_RUN_FOLDER = re.compile(r"^(final|checkpoint-\d+)$")  # names a training run gives every model it saves
+
+
+def same_base(recorded: str | Path, base: str | Path) -> bool:
+    """Whether the base model an adapter records is ``base``: the same folder name (an embedded base is recorded
+    by name, so an adapter travels), and for a name every run saves under (``final``, ``checkpoint-N``), the same
+    folder where both are here."""
+    recorded, base = Path(recorded), Path(base)
+    if recorded.name != base.name:
+        return False
+    if _RUN_FOLDER.match(recorded.name) and recorded.exists() and base.exists():
+        return recorded.resolve() == base.resolve()
+    return True
 
 
 def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
@@ -30,7 +45,7 @@ def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
         embedded = {b.folder: b for b in EMBEDDED_BASES.values()}.get(Path(recorded).name)
         base = embedded_model_path(embedded) if embedded else Path(recorded)
     base = Path(base)
-    if Path(recorded).name != base.name:
+    if not same_base(recorded, base):
         raise LLMSpecError(
             f"adapter {adapter} was trained on base model {recorded!r}, but the base model given is {str(base)!r}"
         )
