@@ -746,6 +746,7 @@ def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_ch
     import torch
     from safetensors.torch import save_file
 
+    from training.checkpoints import rows_record
     from training.run_grpo import prepare_trajectory_logs
 
     for step in (1, 2, 3):
@@ -765,7 +766,14 @@ def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_ch
         prepare_trajectory_logs(str(tmp_path), "True", "/cache/smollm2-135m-instruct")
     assert len(read_trajectories(tmp_path)) == 4  # refused before any logged rollout was dropped
     same_base = "/cache/qwen2.5-coder-0.5b-instruct"
-    assert prepare_trajectory_logs(str(tmp_path), "True", same_base) == str(tmp_path / "checkpoint-2")
+    trained_on = rows_record("mix.jsonl", [{"question": "A?"}, {"question": "B?"}], seed=0)
+    (tmp_path / "checkpoint-2" / "episodes.json").write_text(json.dumps(trained_on))
+    with pytest.raises(SystemExit, match=r"checkpoint-2 was trained on mix\.jsonl \(sha256 \w+\), but the episodes"):
+        prepare_trajectory_logs(str(tmp_path), "True", same_base, rows_record("mix.jsonl", [{"question": "A?"}], 0))
+    with pytest.raises(SystemExit, match=r"checkpoint-2 was trained with --seed 0, but this run has --seed 1"):
+        prepare_trajectory_logs(str(tmp_path), "True", same_base, {**trained_on, "seed": 1})
+    assert len(read_trajectories(tmp_path)) == 4  # refused before any logged rollout was dropped
+    assert prepare_trajectory_logs(str(tmp_path), "True", same_base, trained_on) == str(tmp_path / "checkpoint-2")
     assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
     with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
         prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))

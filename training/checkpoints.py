@@ -40,6 +40,26 @@ def episodes_record(path: str | Path, limit: int | None = None, seed: int | None
     return {"episodes": str(path), "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
 
 
+def rows_record(source: str, rows: list[dict[str, Any]], seed: int | None = None) -> dict[str, Any]:
+    """``episodes_record`` for rows from any source (a GRPO run's questions: a file, ``builtin``, ``hf:NAME``):
+    the sha256 of the rows themselves, after any ``--limit``."""
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode())
+    return {"episodes": source, "sha256": digest.hexdigest(), "limit": None, "seed": seed}
+
+
+def record_in_checkpoints(record: dict[str, Any]) -> Any:
+    """A Trainer callback that writes ``record`` (the episodes trained on) into each checkpoint it follows."""
+    from transformers import TrainerCallback
+
+    class RecordEpisodes(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                (folder / EPISODES).write_text(json.dumps(record) + "\n")
+
+    return RecordEpisodes()
+
+
 def check_same_episodes(checkpoint: str | Path, record: dict[str, Any]) -> None:
     """Refuse to resume ``checkpoint`` on episodes other than those it recorded, or on another ``--limit`` or
     ``--seed`` (checkpoints made before those were recorded are checked on the file alone); one that recorded

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,7 +32,7 @@ from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, ModelArguments, agent_config, new_lora
-from training.checkpoints import resume_checkpoint
+from training.checkpoints import check_same_episodes, record_in_checkpoints, resume_checkpoint, rows_record
 from training.data import load_questions, to_dataset
 from training.plans import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
@@ -124,13 +125,18 @@ class ParallelSearchArguments(ModelArguments, AgentArguments):
 
 
 def prepare_trajectory_logs(
-    output_dir: str, resume_from_checkpoint: str | bool | None, base: str | Path | None = None
+    output_dir: str,
+    resume_from_checkpoint: str | bool | None,
+    base: str | Path | None = None,
+    questions: dict[str, Any] | None = None,
 ) -> str | None:
     """Each step's rollouts are logged once: a resumed run drops the logged rollouts of the steps it redoes;
     a fresh run moves an earlier run's logs into ``previous-N/``. Returns the checkpoint to resume from
     (``True`` resolved to the newest one), refused before any log is touched when it is an adapter of another
-    ``base`` model."""
+    ``base`` model or was trained on other ``questions`` (``checkpoints.rows_record``)."""
     resume = resume_checkpoint(output_dir, resume_from_checkpoint, base)
+    if resume is not None and questions is not None:
+        check_same_episodes(resume, questions)  # a resume skips the batches it trained on, by position
     if resume is None:
         kept = keep_previous_logs(output_dir)
         if kept:
@@ -211,9 +217,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         raise SystemExit(f"--teacher_coef {args.teacher_coef}: expected 0 or more (the KL pulls toward the teacher)")
     path = model_path(args.model_name_or_path)
     rows = load_questions(args.data, limit=args.limit)
+    questions = rows_record(str(args.data), rows, config.seed)
     restore_corpora(rows)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
-    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint, path)
+    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint, path, questions)
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
         stack.enter_context(sigterm_unwinds())
         server = None
@@ -247,7 +254,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             processing_class=AutoTokenizer.from_pretrained(path),
             peft_config=peft_config,
             rollout_func=AgentRollout(settings, rows, config.output_dir),
-            callbacks=[*(callbacks or []), skip_nonfinite_steps()],
+            callbacks=[*(callbacks or []), record_in_checkpoints(questions), skip_nonfinite_steps()],
             **guidance,
         )
         try:

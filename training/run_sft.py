@@ -35,9 +35,9 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.arguments import ModelArguments, new_lora
 from training.checkpoints import (
-    EPISODES,
     check_same_episodes,
     episodes_record,
+    record_in_checkpoints,
     resume_checkpoint,
     save_adapter_weights,
 )
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[*(callbacks or []), _episodes_callback(episodes), skip_nonfinite_steps()],
+        callbacks=[*(callbacks or []), record_in_checkpoints(episodes), skip_nonfinite_steps()],
     )
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_state()  # OUTPUT_DIR/trainer_state.json: the whole loss history
@@ -200,19 +200,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     tokenizer.save_pretrained(final)
     logger.info("saved the trained %s to %s", "adapter" if peft_config or args.init_adapter else "model", final)
     return final
-
-
-def _episodes_callback(record: dict[str, Any]):
-    """A callback that writes ``record`` (the episodes trained on) into each checkpoint it follows."""
-    from transformers import TrainerCallback
-
-    class RecordEpisodes(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
-                (folder / EPISODES).write_text(json.dumps(record) + "\n")
-
-    return RecordEpisodes()
 
 
 def _check_loss(loss: str, config: Any) -> None:
