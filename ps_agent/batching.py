@@ -25,7 +25,7 @@ class _Waiting(Generic[T, R]):
     item: T
     future: asyncio.Future[R]
     since: float
-    caller: int = 0  # which submit() call: a batch takes the callers' items in turn
+    caller: int | None = None  # which submit() call: a batch takes the callers' items in turn
 
 
 class MicroBatcher(Generic[T, R]):
@@ -37,7 +37,8 @@ class MicroBatcher(Generic[T, R]):
     that a new item or a new ``size`` sets, never in a poll loop. An item whose caller went away (its future
     cancelled) is dropped.
     With ``retry_alone``, a batch that fails is run again one item at a time, so only an item that fails alone
-    sees an error; otherwise every item of the failed batch gets the exception.
+    sees an error; otherwise every item of the failed batch gets the exception. A caller whose item failed gets
+    that error, and its other items are dropped.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class MicroBatcher(Generic[T, R]):
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._callers = itertools.count()
+        self._taken: list[_Waiting[T, R]] = []  # the batch the worker runs now
 
     @property
     def size(self) -> int:
@@ -79,7 +81,12 @@ class MicroBatcher(Generic[T, R]):
         waiting = [_Waiting(item, loop.create_future(), loop.time(), caller) for item in items]
         self._waiting += waiting
         self._wake.set()
-        return list(await asyncio.gather(*(w.future for w in waiting)))
+        try:
+            return list(await asyncio.gather(*(w.future for w in waiting)))
+        except BaseException:
+            for w in waiting:  # the caller has its answer, an error: its other items are run for no one
+                w.future.cancel()
+            raise
 
     async def run_now(self, items: Sequence[T]) -> list[R]:
         """The results of ``items`` run as one batch of their own, now (no gathering with other callers)."""
@@ -100,9 +107,13 @@ class MicroBatcher(Generic[T, R]):
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
-            batch = self._take()
-            if batch:
-                await self._run(batch)
+            batch = self._taken = self._take()
+            try:
+                if batch:
+                    await self._run(batch)
+            finally:  # the worker cancelled mid-batch (the loop shutting down): no caller is left waiting
+                for waiting in batch:
+                    waiting.future.cancel()
 
     def _take(self) -> list[_Waiting[T, R]]:
         """The next batch: the waiting callers' items in turn (one each, in order of arrival), up to ``size``."""
@@ -127,7 +138,14 @@ class MicroBatcher(Generic[T, R]):
 
     async def _run(self, batch: list[_Waiting[T, R]]) -> None:
         try:
-            results = await self.run_batch([w.item for w in batch])
+            try:
+                results = await self.run_batch([w.item for w in batch])
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this task is being cancelled
+                # the batch function's own call was cancelled (a backend cancelling its request): its failure
+                raise RuntimeError("the batch's call was cancelled by the backend") from exc
             if len(results) != len(batch):
                 raise ValueError(f"a batch of {len(batch)} items gave {len(results)} results")
         except Exception as exc:
@@ -138,12 +156,21 @@ class MicroBatcher(Generic[T, R]):
                         await self._run([waiting])
                 return
             for waiting in batch:
-                if not waiting.future.done():
-                    waiting.future.set_exception(exc)
+                self._fail(waiting, exc)
             return
         for waiting, result in zip(batch, results, strict=True):
             if not waiting.future.done():  # a caller that went away has cancelled its future
                 waiting.future.set_result(result)
+
+    def _fail(self, waiting: _Waiting[T, R], exc: Exception) -> None:
+        """``waiting``'s item failed, and with it its caller's request: the caller's other items, queued or in the
+        batch being retried, are dropped (run, they would answer no one, and keep every other caller waiting)."""
+        if not waiting.future.done():
+            waiting.future.set_exception(exc)
+        if waiting.caller is not None:
+            for other in (*self._waiting, *self._taken):
+                if other.caller == waiting.caller:
+                    other.future.cancel()
 
     async def close(self) -> None:
         """Wait until the items waiting now have run."""

@@ -181,3 +181,39 @@ def test_a_caller_with_many_items_shares_each_batch_with_the_others():
     assert light == ["light"] and heavy == [f"heavy {i}" for i in range(12)]
     # the first batch started when 4 of heavy's items waited; light joins the next one, not the last
     assert "light" in batches[1] and [len(b) for b in batches] == [4, 4, 4, 1]
+
+
+def test_a_batch_call_the_backend_cancelled_fails_it_and_the_batcher_goes_on():
+    """A backend that cancels its own call (an HTTP library cancelling its request) raised CancelledError in the
+    worker: the worker died with the batch taken, and its callers, the innocent one with them, waited for ever."""
+
+    batches = []
+
+    async def backend(items: list[str]) -> list[str]:
+        batches.append(items)
+        if "cancelled" in items:
+            cancelled = asyncio.get_running_loop().create_future()
+            cancelled.cancel()
+            await cancelled
+        return [item.upper() for item in items]
+
+    batcher = MicroBatcher(backend, size=2, max_wait_s=0.0, retry_alone=True)
+
+    async def two_then_one():
+        both = await asyncio.gather(batcher.submit(["cancelled"]), batcher.submit(["b"]), return_exceptions=True)
+        return [*both, await batcher.submit(["c"])]
+
+    failed, innocent, later = run(two_then_one())
+    assert isinstance(failed, RuntimeError) and "cancelled by the backend" in str(failed)
+    assert (innocent, later) == (["B"], ["C"])
+    assert batches == [["cancelled", "b"], ["cancelled"], ["b"], ["c"]]
+
+
+def test_a_request_that_failed_has_its_other_items_dropped_not_run_one_by_one():
+    """One failing item fails its request; its other items had no one waiting for them, but were each run alone
+    after a failed batch, while every other caller waited (a backend down made it one call per item)."""
+    record = Recorder(fails=(3,))
+    batcher = MicroBatcher(record, size=8, max_wait_s=0.0, retry_alone=True)
+    with pytest.raises(RuntimeError, match=r"cannot run \(3,\)"):
+        run(batcher.submit([1, 3, 5, 7, 9]))
+    assert record.batches == [[1, 3, 5, 7, 9], [1], [3]]
