@@ -20,12 +20,17 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def _golds(golden_answers: Sequence[str]) -> list[str]:
+    """The normalised golden answers, less those normalisation empties (NQ's "A+", "*"): an empty answer matched
+    them, and earned the outcome reward."""
+    return [gold for gold in map(normalize_answer, golden_answers) if gold]
+
+
 def exact_match(prediction: str | None, golden_answers: Sequence[str]) -> float:
-    """1.0 if the normalised prediction equals any normalised golden answer."""
+    """1.0 if the normalised prediction equals any normalised golden answer (an empty one matches none)."""
     if prediction is None:
         return 0.0
-    guess = normalize_answer(prediction)
-    return float(any(guess == normalize_answer(gold) for gold in golden_answers))
+    return float(normalize_answer(prediction) in _golds(golden_answers))
 
 
 def cover_exact_match(prediction: str | None, golden_answers: Sequence[str]) -> float:
@@ -33,7 +38,7 @@ def cover_exact_match(prediction: str | None, golden_answers: Sequence[str]) -> 
     if prediction is None:
         return 0.0
     guess = f" {normalize_answer(prediction)} "
-    return float(any(f" {normalize_answer(gold)} " in guess for gold in golden_answers if normalize_answer(gold)))
+    return float(any(f" {gold} " in guess for gold in _golds(golden_answers)))
 
 
 def f1_score(prediction: str | None, golden_answers: Sequence[str]) -> float:
@@ -42,8 +47,8 @@ def f1_score(prediction: str | None, golden_answers: Sequence[str]) -> float:
         return 0.0
     guess = normalize_answer(prediction).split()
     best = 0.0
-    for gold in golden_answers:
-        truth = normalize_answer(gold).split()
+    for gold in _golds(golden_answers):
+        truth = gold.split()
         common = sum((Counter(guess) & Counter(truth)).values())
         if common:
             precision, recall = common / len(guess), common / len(truth)

@@ -28,6 +28,18 @@ def test_exact_match():
     assert exact_match(None, ["Nile"]) == 0.0
 
 
+def test_an_empty_answer_matches_no_gold_that_normalisation_empties():
+    """NQ's golds "A+", "*", "---" normalise to "": an empty answer scored EM 1 and the full outcome reward."""
+    from ps_agent.rewards import reward_components
+    from tests.test_rewards import trajectory
+
+    for empty in ("", "the", "?"):
+        assert exact_match(empty, ["A+", "AB+"]) == 0.0 and f1_score(empty, ["*"]) == 0.0
+    assert exact_match("AB+", ["A+", "AB+"]) == 1.0
+    empty_answer = trajectory(answer="", final="<think>none</think>\n<answer></answer>")
+    assert reward_components(empty_answer, ["A+", "AB+"], "single-hop")["outcome"] == 0.0
+
+
 def test_cover_exact_match_needs_whole_words():
     assert cover_exact_match("It is the Nile, in Africa", ["Nile"]) == 1.0
     assert cover_exact_match("Nilesh", ["Nile"]) == 0.0
