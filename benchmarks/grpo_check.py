@@ -28,7 +28,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from benchmarks.common import figure  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
-from ps_agent.questions import SHARED_DATA  # noqa: E402
+from ps_agent.questions import SHARED_DATA, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
 from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
 from training.data import load_questions  # noqa: E402
@@ -58,7 +58,7 @@ def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, 
         rows = [r for r in rows if (r["family"], r["k"], r["depth"]) in {("comparison", 2, 1), ("bridge", 1, 2)}]
     elif (SHARED / "dev.jsonl").is_file():
         corpus = SHARED / "corpus.jsonl"
-        rows = [json.loads(line) for line in (SHARED / "dev.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_split(SHARED / "dev.jsonl", "train")  # the validation part is for reporting only
     else:
         return "builtin", None
     rng = random.Random(seed)

@@ -118,6 +118,13 @@ def eval_command(
     ] = "both",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     limit: Annotated[int | None, typer.Option(help="Only the first N questions of each file.")] = None,
+    part: Annotated[
+        Literal["all", "train", "validation"],
+        typer.Option(
+            help="Which questions of each file: all, or one part of the shared data's train/validation split (the "
+            "policies train on the train part: report on validation)."
+        ),
+    ] = "all",
     protocol: ProtocolOption = AgentConfig.protocol,
     max_turns: MaxTurnsOption = AgentConfig.max_turns,
     topk: TopkOption = AgentConfig.topk,
@@ -149,6 +156,7 @@ def eval_command(
             modes=("parallel", "sequential") if mode == "both" else (mode,),
             concurrency=concurrency,
             limit=limit,
+            part=part,
             strict=strict,
             weights=weights or (),
             agent={

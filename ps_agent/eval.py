@@ -25,8 +25,8 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.episodes import episode_record, error_record
 from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
-from ps_agent.provenance import check_same_model, provenance, writing_to
-from ps_agent.questions import read_jsonl
+from ps_agent.provenance import check_same_model, check_same_settings, provenance, writing_to
+from ps_agent.questions import read_jsonl, split_part
 from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records
@@ -47,6 +47,8 @@ class EvalSettings:
     limit: int | None = None
     strict: bool = False
     agent: dict[str, Any] = field(default_factory=dict)  # other AgentConfig fields: max_turns, topk, …
+    # which questions of each file: all, or one part of the shared files' split (``questions.split_part``)
+    part: str = "all"
     # the weight files behind an LLM object (a served model: its base and adapter), checksummed like the files an
     # LLM spec names, so a rerun into a folder answered by other weights is refused
     weights: Sequence[str | Path] = ()
@@ -66,6 +68,8 @@ class EvalSettings:
             )
         if isinstance(self.modes, str) or not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes must be a non-empty list of {' and '.join(MODES)}, got {self.modes!r}")
+        if self.part not in PARTS:
+            raise ValueError(f"part must be one of {', '.join(PARTS)}, got {self.part!r}")
         if isinstance(self.weights, (str, Path)):
             raise ValueError(f"weights must be a list of weight files, got one path: {self.weights!r}")
         missing = [str(path) for path in self.weights if not Path(path).is_file()]
@@ -187,6 +191,15 @@ async def _evaluate_one(
         return record
 
 
+PARTS = ("all", "train", "validation")
+
+
+def _part(rows: list[dict[str, Any]], settings: EvalSettings) -> list[dict[str, Any]]:
+    """The rows of ``settings.part`` (every row for ``all``), the first ``settings.limit`` of them."""
+    chosen = rows if settings.part == "all" else [row for row in rows if split_part(row["id"]) == settings.part]
+    return chosen[: settings.limit]
+
+
 def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSettings) -> dict[str, Any]:
     """Run every question file in every mode (resumable), then write and return the report.
 
@@ -195,7 +208,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     settings.check()
     out_dir = Path(out_dir)
     problems: list[str] = []
-    files = [(Path(p), read_jsonl(p, problems=None if settings.strict else problems)[: settings.limit]) for p in data]
+    files = [(Path(p), _part(read_jsonl(p, problems=None if settings.strict else problems), settings)) for p in data]
     for path, _ in files:
         check_retriever(corpus_for(path, settings.retriever))
     written: list[dict[str, Any]] = []
@@ -210,6 +223,7 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     run = provenance(settings, [path for path, _ in files])
     with writing_to(out_dir):
         check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
+        check_same_settings(out_dir, run)
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
         try:
             run_sync(run_all())  # also from Jupyter, whose event loop is already running

@@ -89,8 +89,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def em_row(name: str, ems: Sequence[float | None]) -> list[str]:
-    """A row of the paper's Table 2 layout: ``name``, EM per benchmark ("–" where it has none) and their average."""
-    return [name, *(_fmt(e) for e in ems), _fmt(mean([e for e in ems if e is not None]))]
+    """A row of the paper's Table 2 layout: ``name``, EM per benchmark ("–" where it has none) and their average,
+    "–" unless every benchmark has one (an average over fewer benchmarks would not compare with the other rows)."""
+    average = None if any(e is None for e in ems) else mean(ems)
+    return [name, *(_fmt(e) for e in ems), _fmt(average)]
 
 
 def em_table(summary: dict[str, Any]) -> dict[str, Any]:

@@ -2,13 +2,15 @@
 
 ``provenance`` records what reproduces a run's numbers (the command, the settings, checksums of the model's
 weights and of the data); ``check_same_model`` refuses to resume a folder answered by another model, since its
-answers would be counted as this one's; ``writing_to`` keeps a second eval out of a folder one is writing to.
+answers would be counted as this one's, and ``check_same_settings`` one answered with other settings;
+``writing_to`` keeps a second eval out of a folder one is writing to.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shlex
 import subprocess
@@ -16,11 +18,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import fields
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from ps_agent.cache import file_checksum
+from ps_agent.configuration import RESOURCES
 from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
 from ps_agent.protocol import Mode
 from ps_agent.trajectories import read_records
@@ -50,6 +54,41 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> Non
         "questions already answered and would count those answers as this model's: give another output "
         "folder, or remove that one to evaluate again"
     )
+
+
+def check_same_settings(out_dir: Path, run: dict[str, Any]) -> None:
+    """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered with
+    other agent settings (``max_turns``, ``topk``, …; unset is the default), another retriever, another part of the
+    split, or another version of a question file, since the report would give those answers as this run's."""
+    if not any((out_dir / "results").glob("*.jsonl")) or not (out_dir / "runs.jsonl").is_file():
+        return
+    earlier = read_records([out_dir / "runs.jsonl"])
+    if not earlier:
+        return
+    then, now = earlier[-1].get("settings", {}), run["settings"]
+    changed = [
+        f"{key} {_json(then[key])} (now {_json(now[key])})"
+        for key in ("agent", "retriever", "part")
+        if key in then and _json(then[key]) != _json(now[key])
+    ]
+    held = earlier[-1].get("data_sha1", {})
+    changed += [f"{path} (its contents)" for path, sha in run["data_sha1"].items() if held.get(path, sha) != sha]
+    if changed:
+        raise ValueError(
+            f"{out_dir} holds answers given with other settings: {'; '.join(changed)}; a rerun there skips the "
+            "questions already answered and would report those answers as this run's: give another output "
+            "folder, or run with the settings the folder's runs.jsonl records"
+        )
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON (a recorded setting and a live one compare alike); agent settings with their defaults."""
+    if isinstance(value, dict):
+        from ps_agent.configuration import AgentConfig
+
+        defaults = {f.name: getattr(AgentConfig(), f.name) for f in fields(AgentConfig) if f.name not in RESOURCES}
+        value = defaults | value
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def model_checksums(settings: EvalSettings) -> dict[str, str]:
@@ -100,6 +139,7 @@ def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
             "concurrency": settings.concurrency,
             "limit": settings.limit,
             "agent": settings.agent,
+            "part": settings.part,
             "weights": [str(path) for path in settings.weights],
         },
         "model_sha1": model_checksums(settings),

@@ -313,6 +313,48 @@ def test_a_rerun_into_a_folder_answered_by_other_weights_is_refused_before_any_q
     assert len((unrecorded / "results" / "synth.parallel.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_rerun_into_a_folder_answered_with_other_settings_is_refused_before_any_question_runs(synthetic, tmp_path):
+    """A rerun with --max-turns 1 into a folder answered with 10 reported both runs' answers as one run's."""
+    corpus, questions, rows = synthetic
+    weights = tmp_path / "adapter_model.safetensors"
+    weights.write_bytes(b"the same weights")
+
+    def settings(limit: int, agent: dict, retriever=str(corpus)) -> EvalSettings:
+        return EvalSettings(llm=GoldPlanPolicy(rows), retriever=retriever, modes=("parallel",), limit=limit,
+                            agent=agent, weights=[weights])  # fmt: skip
+
+    out = tmp_path / "out"
+    results = out / "results" / "synth.parallel.jsonl"
+    evaluate([questions], out, settings(2, {"max_turns": 10}))
+    evaluate([questions], out, settings(3, {"max_turns": 10, "topk": 3}))  # topk 3 is the default: the same run
+    answered = results.read_text()
+    with pytest.raises(ValueError, match=r'holds answers given with other settings: agent .*"max_turns": 10.* \(now'):
+        evaluate([questions], out, settings(4, {"max_turns": 1}))
+    with pytest.raises(ValueError, match=r"other settings: retriever"):
+        evaluate([questions], out, settings(4, {"max_turns": 10}, retriever="embedded"))
+    assert results.read_text() == answered  # nothing run, nothing lost
+
+
+def test_part_validation_runs_only_the_held_out_questions_and_a_rerun_on_another_part_is_refused(synthetic, tmp_path):
+    """The documented command evaluated the shared files whole, the train part the policies learnt from included."""
+    from ps_agent.questions import split_part
+
+    corpus, questions, rows = synthetic
+
+    def settings(part: str) -> EvalSettings:
+        return EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), part=part)
+
+    out = tmp_path / "out"
+    evaluate([questions], out, settings("validation"))
+    answered = [json.loads(line)["id"] for line in (out / "results" / "synth.parallel.jsonl").read_text().splitlines()]
+    held_out = [row["id"] for row in rows if split_part(row["id"]) == "validation"]
+    assert sorted(answered) == sorted(held_out) and 0 < len(held_out) < len(rows)
+    with pytest.raises(ValueError, match=r'other settings: part "validation" \(now "all"\)'):
+        evaluate([questions], out, settings("all"))
+    with pytest.raises(ValueError, match=r"part must be one of all, train, validation, got 'test'"):
+        settings("test")
+
+
 def _answered_by(out: Path, questions: Path, llm: str) -> str:
     """``out`` as an eval of ``llm`` leaves it: one answer line and the run's provenance (no model run)."""
     from ps_agent.provenance import provenance
