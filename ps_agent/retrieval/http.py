@@ -13,7 +13,8 @@ from ps_agent.retrieval.base import Passage
 
 
 class RetrievalRejected(ValueError):
-    """The server refused the request (a 4xx other than 408/429): the request is wrong, trying again cannot help."""
+    """The server refused the request (a 4xx other than 408/429, or a redirect): the request is wrong, trying again
+    cannot help."""
 
     transient = False  # read by resilient_search: not retried
 
@@ -24,7 +25,8 @@ class HTTPRetriever:
     Timeouts, retries with backoff and throttling are the agent's (``resilient_search``)."""
 
     def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 64) -> None:
-        self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
+        base = url.rstrip("/")  # ".../retrieve/" got FastAPI's redirect, which the client does not follow
+        self.url = base if base.endswith("/retrieve") else base + "/retrieve"
         self.timeout_s = timeout_s
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.ssl_context = httpx.create_ssl_context()  # built once (~70 ms), not by each loop's client
@@ -49,8 +51,8 @@ class HTTPRetriever:
         response = await client.post(self.url, content=body, headers={"Content-Type": "application/json"})
         if response.status_code != 200:
             message = f"retrieval server answered {response.status_code}: {_detail(response)}"
-            if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-                raise RetrievalRejected(message)
+            if 300 <= response.status_code < 500 and response.status_code not in (408, 429):
+                raise RetrievalRejected(message)  # a redirect too: no retry reaches another URL
             raise RuntimeError(message)
         result = response.json()["result"]
         return [

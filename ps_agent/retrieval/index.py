@@ -87,7 +87,7 @@ def build_index(
         "encoder": canonical_name(encoder) if dense_types else None,
         "shard_size": shard_size,
     }
-    if (out / "build.json").exists():
+    if (out / "build.json").exists() and (out / "passages.arrow").exists():  # else nothing of it was kept
         previous = json.loads((out / "build.json").read_text())
         problem = _same_build(plan, previous)
         if problem:
@@ -199,9 +199,21 @@ def read_manifest(folder: str | Path) -> dict:
             f"{folder} is not a built index: no manifest.json{hint if (Path(folder) / 'build.json').exists() else ''}; "
             "build one with `ps-agent index build --corpus FILE --index flat --out DIR`"
         )
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise IndexMismatch(f"{folder}: index format {manifest.get('format')}, this version reads {FORMAT}; rebuild it")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IndexMismatch(f"{folder}: manifest.json is not JSON ({exc}); rebuild the index") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise IndexMismatch(f"{folder}: index format {found}, this version reads {FORMAT}; rebuild it")
+    types = manifest.get("index_types")
+    if not isinstance(types, list) or not types or any(t not in INDEX_TYPES for t in types):  # names files read
+        raise IndexMismatch(
+            f"{folder}: manifest index_types {types!r:.80}: expected a non-empty list of {', '.join(INDEX_TYPES)}"
+        )
+    missing = [key for key in ("count", "corpus", "encoder", "dimension") if key not in manifest]
+    if missing or not isinstance(manifest["count"], int):
+        raise IndexMismatch(f"{folder}: manifest.json lacks {missing or 'an integer count'}; rebuild the index")
     return manifest
 
 
@@ -275,7 +287,10 @@ def load_index(
                 f"encoder {manifest['encoder']} now gives {embedder.dimension}-d vectors; "
                 f"{folder} holds {manifest['dimension']}-d ones: rebuild the index"
             )
-        index = faiss.read_index(str(folder / f"{kind}.faiss"))
+        try:
+            index = faiss.read_index(str(folder / f"{kind}.faiss"))
+        except RuntimeError as exc:  # faiss's own error for a missing or truncated file
+            raise IndexMismatch(f"{folder}/{kind}.faiss cannot be read ({str(exc)[:160]}); rebuild the index") from exc
         if index.ntotal != len(store):
             raise IndexMismatch(f"{folder}/{kind}.faiss holds {index.ntotal} vectors for {len(store)} passages")
         return DenseRetriever(on_gpu_if_present(index, kind), embedder, store, nprobe=nprobe, ef_search=ef_search)

@@ -11,7 +11,7 @@
 - fairness: each batch takes the waiting requests' queries in turn (``MicroBatcher``), so a heavy client
   shares batches with the others instead of going first.
 
-``/health`` reports every limit; ``ps-agent serve-retriever --help`` has a flag for each.
+``/health`` reports every limit; ``ps-agent serve-retriever --help`` has a flag for each but the request shape's.
 """
 
 from __future__ import annotations

@@ -35,7 +35,10 @@ def _normalise(columns: dict[str, list], where: str, first_row: int) -> pa.Recor
     if "contents" in columns:
         contents = columns["contents"]
     elif "title" in columns and "text" in columns:
-        contents = [f'"{t}"\n{x}' for t, x in zip(columns["title"], columns["text"], strict=True)]
+        contents = [
+            f'"{t}"\n{x}' if isinstance(t, str) and isinstance(x, str) else None  # None: refused below, by row
+            for t, x in zip(columns["title"], columns["text"], strict=True)
+        ]
     elif "text" in columns:
         contents = columns["text"]
     else:
@@ -47,6 +50,9 @@ def _normalise(columns: dict[str, list], where: str, first_row: int) -> pa.Recor
     for i, value in enumerate(contents):
         if not isinstance(value, str) or not value.strip():
             raise CorpusError(f"{where}: row {first_row + i} has no text ({value!r}); expected a non-empty string")
+    for i, value in enumerate(ids):
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise CorpusError(f"{where}: row {first_row + i} has id {value!r:.40}; expected a string or an integer")
     return _batch([str(i) for i in ids], contents)
 
 
@@ -62,14 +68,21 @@ def _jsonl_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
                 if "contents" in row:
                     text = row["contents"]
                 elif "title" in row and "text" in row:
+                    title, body = row["title"], row["text"]
+                    if not (isinstance(title, str) and isinstance(body, str)):
+                        raise TypeError(f"title and text must be strings, got {title!r:.40} and {body!r:.40}")
                     text = f'"{row["title"]}"\n{row["text"]}'
                 else:
                     raise KeyError("no 'contents' (nor 'title' and 'text')")
                 if not isinstance(text, str) or not text.strip():
                     raise ValueError("empty contents")
-                if found := lone_surrogates(text):  # "\ud800" in JSON: not text any index can take
-                    raise ValueError(f"contents hold {found[0]!a} at character {found[1]} (surrogates not allowed)")
-                ids.append(str(row["id"]))
+                passage_id = row["id"]
+                if not isinstance(passage_id, (str, int)) or isinstance(passage_id, bool):  # null became "None"
+                    raise TypeError(f"id must be a string or an integer, got {passage_id!r:.40}")
+                for field, value in (("contents", text), ("id", str(passage_id))):
+                    if found := lone_surrogates(value):  # "\ud800" in JSON: not text any index can take
+                        raise ValueError(f"{field} holds {found[0]!a} at character {found[1]} (surrogates not allowed)")
+                ids.append(str(passage_id))
                 contents.append(text)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise CorpusError(
