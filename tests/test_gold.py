@@ -125,7 +125,9 @@ def test_a_verdict_is_spelled_out_only_for_comparable_values_owned_by_the_answer
              "finding": "95000"}]  # fmt: skip
     question = "Which city has more inhabitants, A or B?"
     assert comparison_verdict(question, steps, "A").endswith("so 120000 is larger. The largest is 120000 (A).")
-    assert comparison_verdict(question, steps, "B").endswith("so 95000 is smaller. The smallest is 95000 (B).")
+    assert comparison_verdict(question, steps, "B") is None  # "more", but B owns the fewer: no check says so
+    fewer = "Which city has fewer inhabitants, A or B?"
+    assert comparison_verdict(fewer, steps, "B").endswith("so 95000 is smaller. The smallest is 95000 (B).")
     assert comparison_verdict("Are A and B both cities?", steps, "yes") is None  # no entity owns a yes
     texts = [{"sub_question": "A", "finding": "A is a town founded in 1200 by monks"}, {"sub_question": "B",
              "finding": "B is a village"}]  # fmt: skip
@@ -668,3 +670,36 @@ def test_a_rank_stated_without_a_value_is_read_from_the_other_passage_or_decides
     assert (
         "Mount Aro: 8,849 metres, as Mount Bel's passage states" in teacher_turns(q, "parallel", random.Random(0))[-1]
     )
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "verdict"),
+    [
+        ("Which university is older: A or B?", "B", "The question asks for the earliest. 1868 vs 1831"),
+        ("Which university is older: A or B?", "A", None),  # the year read is not what makes A older
+        ("Who lived longer, A or B?", "A", None),  # birth years: no direction a lifespan is read in
+        ("Which band has released the most studio albums, A or B?", "A", None),  # "released": dates read
+        ("Which was founded later, A or B?", "A", "The question asks for the latest. 1868 vs 1831"),
+    ],
+)
+def test_a_comparison_is_checked_only_in_the_direction_the_question_asks(question, answer, verdict):
+    """The check took its direction from the gold answer's value: where the date read was not what the question
+    compares, the teacher wrote "asks for the latest" for "Which university is older?" (8 of 78 real checks)."""
+    steps = [{"sub_question": "A", "finding": "1868"}, {"sub_question": "B", "finding": "1831"}]
+    found = comparison_verdict(question, steps, answer)
+    assert (found or "").startswith(verdict or "") and (found is None) == (verdict is None)
+
+
+def test_a_birth_date_glued_to_the_death_date_is_read_as_the_birth_date():
+    """2Wiki prints "( 25 October 188910 November 1981)": the year ran into the next date, so "born first" read
+    the death date."""
+    gance = '"Abel Gance"\nAbel Gance( 25 October 188910 November 1981) was a French film director.'
+    assert asked_date(gance, "Which film has the director born first, A or B?") == "25 October 1889"
+    assert asked_date(gance, "Which film has the director who died first, A or B?") == "10 November 1981"
+
+
+def test_a_clipped_quote_keeps_the_whole_name_it_was_chosen_for():
+    """Its window was placed at the name's first word, found inside another word ("King" in "Kingdom")."""
+    filler = " ".join(f"w{i}" for i in range(30))
+    contents = f'"X"\nHe starred in Kingdom of Heaven, {filler} and played King Duncan in Macbeth.'
+    assert "King Duncan" in quote(contents, "King Duncan")

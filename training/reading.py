@@ -25,6 +25,32 @@ TIME_WORDS = re.compile(
     re.IGNORECASE,
 )
 
+#: The extreme a comparison asks for, by the words that say it: of a date (about time) or of a quantity.
+_DIRECTIONS = {
+    True: {
+        "earliest": r"older|oldest|first|earlier|earliest|before",
+        "latest": r"younger|youngest|later|latest|newer|newest|recent|recently|last|after",
+    },
+    False: {
+        "largest": r"larger|largest|bigger|biggest|higher|highest|taller|tallest|longer|longest|more|most|greater|"
+        r"greatest|heavier|heaviest|deeper|deepest|wider|widest",
+        "smallest": r"smaller|smallest|lower|lowest|shorter|shortest|less|least|fewer|fewest|lighter|lightest|"
+        r"shallower|narrower",
+    },
+}
+
+
+def asked_direction(question: str, about_time: bool) -> str | None:
+    """The extreme ``question`` asks for (``earliest``/``latest`` about time, ``smallest``/``largest`` else), from
+    its words; None when they name none, or both."""
+    found = {
+        direction
+        for direction, words in _DIRECTIONS[about_time].items()
+        if re.search(rf"\b(?:{words})\b", question, re.IGNORECASE)
+    }
+    return found.pop() if len(found) == 1 else None
+
+
 _DEATH_WORDS = re.compile(r"\b(died|death|passed away)\b", re.IGNORECASE)  # not "die": "Die Hard" is a title
 
 #: a passage's life span (or run) of two dates: ``(3 May 1901 – 9 June 1970)``, ``(1901-1970)``
@@ -64,8 +90,10 @@ def _clip(sentence: str, around: str | None = None) -> str:
     if len(words) <= _MAX_QUOTE_WORDS:
         return " ".join(words)
     start = 0
-    if around and around.lower() in sentence.lower():
-        at = len(sentence.lower().split(around.lower().split()[0])[0].split())
+    found = re.search(rf"\b{re.escape(around)}\b", sentence, re.IGNORECASE) if around else None
+    found = found or (re.search(re.escape(around), sentence, re.IGNORECASE) if around else None)
+    if found:  # the whole name, not its first word inside another ("King" in "Kingdom")
+        at = len(sentence[: found.start()].split())
         start = max(0, min(at - _MAX_QUOTE_WORDS // 2, len(words) - _MAX_QUOTE_WORDS))
     return " ".join(words[start : start + _MAX_QUOTE_WORDS])
 
@@ -133,9 +161,18 @@ def asked_phrase(question: str, text: str, names: set[str] = frozenset()) -> str
     return " ".join(word for word, _ in best).replace('"', "").strip(" ?,.;:!'")
 
 
+#: a year run into the next date, as 2Wiki prints life spans: ``( 25 October 188910 November 1981)``
+_GLUED_DATES_RE = re.compile(rf"(?<!\d)((?:1[0-9]|20)\d\d)(\d{{1,2}} (?:{_MONTHS})\b)")
+
+
+def _dated_body(contents: str) -> str:
+    """A passage's body with glued dates apart (``1889 – 10 November``), so its first date is the first one."""
+    return _GLUED_DATES_RE.sub(r"\1 – \2", passage_body(contents))
+
+
 def first_date(contents: str) -> str | None:
     """The first date or year a passage states (``14 March 1879``, ``March 14, 1879``, ``1879``), or None."""
-    found = _DATE_RE.search(passage_body(contents))
+    found = _DATE_RE.search(_dated_body(contents))
     return found.group(0) if found else None
 
 
@@ -145,7 +182,7 @@ def asked_date(contents: str, question: str) -> str | None:
     None without a range (a living person, or dates the passage does not pair); else its first date."""
     if not _DEATH_WORDS.search(question):
         return first_date(contents)
-    found = _RANGE_RE.search(passage_body(contents))
+    found = _RANGE_RE.search(_dated_body(contents))
     return found.group(2) if found else None
 
 

@@ -21,6 +21,7 @@ from ps_agent.state import Segment
 from training.plans import GoldQuestion, GoldSet, ends_on_answer
 from training.reading import (
     TIME_WORDS,
+    asked_direction,
     asked_phrase,
     finding_value,
     key_words,
@@ -198,6 +199,8 @@ def comparison_verdict(
         wanted = "latest" if about_time else "largest"
     else:
         return None
+    if asked_direction(question, about_time) != wanted:  # the value read is not what the question compares
+        return None  # ("Who lived longer?" read birth years), or the question says no direction
     finding = steps[owners[0]]["finding"]
     if len(values) > _DIGITS_UP_TO:
         listed = _and([str(v) for v in values])
