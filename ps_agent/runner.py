@@ -54,6 +54,14 @@ def _forget_loop() -> None:  # a forked child has the loop object but not its th
 os.register_at_fork(after_in_child=_forget_loop)
 
 
+_apart = threading.local()  # set in a thread running a coroutine apart from the blocked shared loop
+
+
+def _run_apart(coroutine: Coroutine[Any, Any, T]) -> T:
+    _apart.active = True
+    return asyncio.run(coroutine)
+
+
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` on the shared loop and wait for its result (also from Jupyter's running loop).
 
@@ -65,10 +73,13 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    if running is loop:  # a sync API called from a coroutine on the shared loop: waiting here would deadlock it
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, coroutine).result()
     context = contextvars.copy_context()
+    if running is loop or getattr(_apart, "active", False):
+        # a sync API called from a coroutine on the shared loop: waiting for that loop would deadlock it, so the
+        # coroutine runs on a loop of its own, and so does any sync call it makes in turn (the shared loop is
+        # still blocked by this one)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(context.run, _run_apart, coroutine).result()
 
     async def in_callers_context() -> T:
         return await asyncio.get_running_loop().create_task(coroutine, context=context)

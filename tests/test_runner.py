@@ -41,6 +41,21 @@ def test_run_sync_inside_a_running_loop_and_on_the_shared_loop_itself():
     assert run_sync(nested()) == "no deadlock"
 
 
+@pytest.mark.timeout(60)  # a deadlock check: before the fix this waited for ever
+def test_a_sync_call_nested_twice_on_the_shared_loop_neither_deadlocks_nor_loses_the_callers_context():
+    async def reads_caller() -> str:
+        return who.get()
+
+    async def middle() -> str:  # runs apart from the shared loop, which the call below blocks
+        return run_sync(reads_caller())  # sent to the blocked shared loop, it never ran
+
+    async def outer() -> str:
+        who.set("outer caller")
+        return run_sync(middle())  # the context did not go with it to its loop apart
+
+    assert run_sync(outer()) == "outer caller"
+
+
 def token_cap(body: dict) -> int | None:
     return body.get("max_completion_tokens", body.get("max_tokens"))  # OpenAI's current name, or the older one
 

@@ -58,7 +58,9 @@ class OpenAICompletionsPolicy:
             cards = response.json()["data"] if response.is_success else []
             card = next((c for c in cards if c["id"] == self.model), cards[0] if cards else {})
             self.model = self.model or card["id"]
-            self.max_model_len = card.get("max_model_len") or 0  # 0: not reported, not checked
+            # a LoRA adapter's card reports no window: it is its parent's (the base model it was loaded on)
+            parent = next((c for c in cards if c["id"] == card.get("parent")), {})
+            self.max_model_len = card.get("max_model_len") or parent.get("max_model_len") or 0  # 0: not checked
         return self.model
 
     @staticmethod

