@@ -101,27 +101,15 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
             yield chunk
 
     def batch(
-        self,
-        inputs: list[dict[str, Any] | str],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
+        self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, **kwargs: Any
     ) -> list[Any]:
         """Runs at once: at most the agent's ``max_concurrency``, unless the config says how many."""
-        configs = self._batch_configs(config, len(inputs))
-        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+        return super().batch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
     async def abatch(
-        self,
-        inputs: list[dict[str, Any] | str],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
+        self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, **kwargs: Any
     ) -> list[Any]:
-        configs = self._batch_configs(config, len(inputs))
-        return await super().abatch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+        return await super().abatch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
     def _batch_configs(self, config: RunnableConfig | list[RunnableConfig] | None, n: int) -> list[RunnableConfig]:
         limit = {"max_concurrency": self.context.max_concurrency}

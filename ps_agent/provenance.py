@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from ps_agent.cache import file_checksum
-from ps_agent.configuration import RESOURCES
+from ps_agent.configuration import RESOURCES, AgentConfig
 from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
 from ps_agent.protocol import Mode
 from ps_agent.trajectories import read_records
@@ -84,8 +84,6 @@ def check_same_settings(out_dir: Path, run: dict[str, Any]) -> None:
 def _json(value: Any) -> str:
     """``value`` as JSON (a recorded setting and a live one compare alike); agent settings with their defaults."""
     if isinstance(value, dict):
-        from ps_agent.configuration import AgentConfig
-
         defaults = {f.name: getattr(AgentConfig(), f.name) for f in fields(AgentConfig) if f.name not in RESOURCES}
         value = defaults | value
     return json.dumps(value, sort_keys=True, default=str)
