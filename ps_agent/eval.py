@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 MODES = ("parallel", "sequential")
 
 
+#: which questions of each file ``EvalSettings.part`` keeps: all, or one part of the shared files' split
+PARTS = ("all", "train", "validation")
+
+
 @dataclass
 class EvalSettings:
     """One evaluation: which model and corpus, which modes, how many questions at once."""
@@ -189,9 +193,6 @@ async def _evaluate_one(
         except OSError as exc:  # the results file cannot be written (a full disk): nothing more can be kept
             raise WriteFailed(f"cannot write {log.path}: {exc.strerror or exc}") from exc
         return record
-
-
-PARTS = ("all", "train", "validation")
 
 
 def _part(rows: list[dict[str, Any]], settings: EvalSettings) -> list[dict[str, Any]]:

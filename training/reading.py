@@ -90,8 +90,10 @@ def _clip(sentence: str, around: str | None = None) -> str:
     if len(words) <= _MAX_QUOTE_WORDS:
         return " ".join(words)
     start = 0
-    found = re.search(rf"\b{re.escape(around)}\b", sentence, re.IGNORECASE) if around else None
-    found = found or (re.search(re.escape(around), sentence, re.IGNORECASE) if around else None)
+    found = around and (
+        re.search(rf"\b{re.escape(around)}\b", sentence, re.IGNORECASE)
+        or re.search(re.escape(around), sentence, re.IGNORECASE)
+    )
     if found:  # the whole name, not its first word inside another ("King" in "Kingdom")
         at = len(sentence[: found.start()].split())
         start = max(0, min(at - _MAX_QUOTE_WORDS // 2, len(words) - _MAX_QUOTE_WORDS))

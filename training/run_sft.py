@@ -208,11 +208,15 @@ def _check_loss(loss: str, config: Any) -> None:
     position ids and the other loss types."""
     if loss not in ("trained_positions", "full", "trl"):
         raise ValueError(f"--loss must be trained_positions, full or trl, got {loss!r}")
-    ignored = [
-        *(["--packing / --padding_free"] if loss != "trl" and (config.packing or config.padding_free) else []),
-        *([f"--loss_type {config.loss_type}"] if loss != "trl" and config.loss_type != "nll" else []),
-        *(["--label_smoothing_factor"] if loss == "trained_positions" and config.label_smoothing_factor else []),
-    ]
+    if loss == "trl":
+        return
+    ignored = []
+    if config.packing or config.padding_free:
+        ignored.append("--packing / --padding_free")
+    if config.loss_type != "nll":
+        ignored.append(f"--loss_type {config.loss_type}")
+    if loss == "trained_positions" and config.label_smoothing_factor:
+        ignored.append("--label_smoothing_factor")
     if ignored:
         raise ValueError(f"--loss {loss} would ignore {', '.join(ignored)}: pass --loss trl with them, or drop them")
 

@@ -30,6 +30,11 @@ def _batch(ids: list[str], contents: list[str]) -> pa.RecordBatch:
     return pa.record_batch([pa.array(ids, pa.string()), pa.array(contents, pa.string())], schema=SCHEMA)
 
 
+def _is_id(value: object) -> bool:
+    """Whether a corpus row's id is one: a string or an integer (``null`` was read as the id "None")."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
 def _normalise(columns: dict[str, list], where: str, first_row: int) -> pa.RecordBatch:
     """``(id, contents)`` from a batch of columns: ``contents``, or ``title`` + ``text``, or ``text``."""
     if "contents" in columns:
@@ -51,7 +56,7 @@ def _normalise(columns: dict[str, list], where: str, first_row: int) -> pa.Recor
         if not isinstance(value, str) or not value.strip():
             raise CorpusError(f"{where}: row {first_row + i} has no text ({value!r}); expected a non-empty string")
     for i, value in enumerate(ids):
-        if not isinstance(value, (str, int)) or isinstance(value, bool):
+        if not _is_id(value):
             raise CorpusError(f"{where}: row {first_row + i} has id {value!r:.40}; expected a string or an integer")
     return _batch([str(i) for i in ids], contents)
 
@@ -71,13 +76,13 @@ def _jsonl_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
                     title, body = row["title"], row["text"]
                     if not (isinstance(title, str) and isinstance(body, str)):
                         raise TypeError(f"title and text must be strings, got {title!r:.40} and {body!r:.40}")
-                    text = f'"{row["title"]}"\n{row["text"]}'
+                    text = f'"{title}"\n{body}'
                 else:
                     raise KeyError("no 'contents' (nor 'title' and 'text')")
                 if not isinstance(text, str) or not text.strip():
                     raise ValueError("empty contents")
                 passage_id = row["id"]
-                if not isinstance(passage_id, (str, int)) or isinstance(passage_id, bool):  # null became "None"
+                if not _is_id(passage_id):  # null became "None"
                     raise TypeError(f"id must be a string or an integer, got {passage_id!r:.40}")
                 for field, value in (("contents", text), ("id", str(passage_id))):
                     if found := lone_surrogates(value):  # "\ud800" in JSON: not text any index can take
