@@ -81,3 +81,12 @@ def _sha1(path: Path) -> str:
 @functools.lru_cache(maxsize=256)
 def _settled_sha1(path: Path, size: int, mtime_ns: int) -> str:
     return _sha1(path)
+
+
+def folder_checksum(path: str | Path) -> str:
+    """sha1 over a folder's files, by relative path and content: a corpus folder, or a model retrained in place."""
+    path = Path(path).resolve()
+    digest = hashlib.sha1()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}:{file_checksum(file)}\n".encode())
+    return digest.hexdigest()

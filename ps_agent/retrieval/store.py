@@ -9,7 +9,6 @@ and ``PassageStore`` memory-maps the Arrow IPC file they are written to and fetc
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ps_agent.cache import file_checksum, written_whole
+from ps_agent.cache import file_checksum, folder_checksum, written_whole
 from ps_agent.retrieval.base import Passage
 from ps_agent.retrieval.corpus import CorpusError, embedded_corpus_path, load_embedded_corpus
 from ps_agent.text import lone_surrogates
@@ -180,11 +179,8 @@ def corpus_fingerprint(source: str | Path) -> dict:
         return {"source": source, "checksum": None, "bytes": None}
     path = Path(source).resolve()
     if path.is_dir():
-        digest = hashlib.sha1()
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        for file in files:
-            digest.update(f"{file.relative_to(path)}:{file_checksum(file)}\n".encode())
-        return {"source": str(path), "checksum": digest.hexdigest(), "bytes": sum(f.stat().st_size for f in files)}
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return {"source": str(path), "checksum": folder_checksum(path), "bytes": size}
     if not path.is_file():
         raise CorpusError(f"corpus not found: {path}")
     stat = path.stat()
