@@ -87,20 +87,22 @@ def interval(statistics: np.ndarray) -> list[float]:
 def aggregate(
     records: Sequence[dict[str, Any]], bootstrap: int = 0, rng: np.random.Generator | None = None
 ) -> dict[str, Any]:
-    """Means over the records that ran, in percent where they are shares, and the count of those that errored.
-    ``bootstrap``: that many resamples of the questions (``rng``, default seeded 0) give 95% intervals on EM
-    and on turns (``em_ci``, ``turns_ci``)."""
+    """Means in percent where they are shares, and the count of records that errored. An errored question has no
+    answer, so it scores 0 in EM, F1 and cover-EM (a run cannot gain by failing on hard questions); what the agent
+    did (decomposition, turns, seconds, …) is averaged over the records that ran. ``bootstrap``: that many
+    resamples of the questions (``rng``, default seeded 0) give 95% intervals on EM and on turns (``em_ci``,
+    ``turns_ci``)."""
     ok = [r for r in records if r["error"] is None]
     summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
     if not ok:
         return summary
     seen = behaviour(ok)
-    em = np.array([100.0 * r["em"] for r in ok])
+    em = np.array([0.0 if r["error"] is not None else 100.0 * r["em"] for r in records])
     turns = np.array([float(r["llm_calls"]) for r in ok])
     summary |= {
         "em": float(em.mean()),
-        "f1": 100 * mean([r["f1"] for r in ok]),
-        "cover_em": 100 * mean([r["cover_em"] for r in ok]),
+        "f1": 100 * mean([0.0 if r["error"] is not None else r["f1"] for r in records]),
+        "cover_em": 100 * mean([0.0 if r["error"] is not None else r["cover_em"] for r in records]),
         "decomposition_ratio": 100 * seen["decomposed"],
         "format_valid": 100 * seen["format_valid"],
         "forced_answer": 100 * seen["forced_answer"],
@@ -112,6 +114,7 @@ def aggregate(
     }
     if bootstrap:
         rng = rng if rng is not None else np.random.default_rng(0)
-        resamples = rng.integers(0, len(ok), size=(bootstrap, len(ok)))
-        summary |= {"em_ci": interval(em[resamples].mean(axis=1)), "turns_ci": interval(turns[resamples].mean(axis=1))}
+        questions = rng.integers(0, len(records), size=(bootstrap, len(records)))
+        ran = rng.integers(0, len(ok), size=(bootstrap, len(ok))) if len(ok) < len(records) else questions
+        summary |= {"em_ci": interval(em[questions].mean(axis=1)), "turns_ci": interval(turns[ran].mean(axis=1))}
     return summary

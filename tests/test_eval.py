@@ -65,6 +65,8 @@ def test_report_aggregates_a_hand_made_results_file(tmp_path):
     assert par["sequential"]["em"] == 100.0 and par["sequential"]["turns"] == 3.5
     assert summary["by_class"]["hotpotqa/sequential"]["sequential"] == {"n": 1, "errors": 1}
     assert summary["by_dataset"]["hotpotqa"]["parallel"]["em"] == pytest.approx(100 / 3)
+    sequential = summary["by_dataset"]["hotpotqa"]["sequential"]  # 2 right, 1 errored: scores 0 in EM and F1
+    assert (sequential["n"], sequential["errors"], sequential["em"], sequential["turns"]) == (3, 1, 200 / 3, 3.5)
     text = (tmp_path / "report.md").read_text()
     assert "| hotpotqa/parallelisable | 2 |" in text and (tmp_path / "plots.png").stat().st_size > 0
 
@@ -112,7 +114,7 @@ def test_errors_are_counted_and_a_rerun_retries_them(synthetic, tmp_path):
     failing = FailingOn(rows, rows[1]["question"])
     settings = EvalSettings(llm=failing, retriever=str(corpus), modes=("parallel",), limit=3, agent={"max_turns": 10})
     summary = evaluate([questions], out, settings)
-    assert summary["overall"]["parallel"] | {"n": 3, "errors": 1} == summary["overall"]["parallel"]
+    assert summary["overall"]["parallel"] | {"n": 3, "errors": 1, "em": 200 / 3} == summary["overall"]["parallel"]
     results = out / "results" / "synth.parallel.jsonl"
     error_line = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["error"]]
     assert error_line[0]["error"].startswith("AgentError: LLM call failed on turn 1: ConnectionError")
