@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,16 @@ class _Waiting(Generic[T, R]):
     caller: int | None = None  # which submit() call: a batch takes the callers' items in turn
 
 
+@dataclass
+class _Queue(Generic[T, R]):
+    """One event loop's side of a batcher: its waiting items, its worker, and the batch that worker runs."""
+
+    wake: asyncio.Event
+    waiting: list[_Waiting[T, R]] = field(default_factory=list)
+    taken: list[_Waiting[T, R]] = field(default_factory=list)
+    worker: asyncio.Task[None] | None = None
+
+
 class MicroBatcher(Generic[T, R]):
     """Runs the items submitted concurrently on one event loop through ``run_batch``, in batches.
 
@@ -35,7 +46,8 @@ class MicroBatcher(Generic[T, R]):
     at most ``size`` items, taken from the waiting callers in turn (a caller that submitted many items shares
     the batch with the others, not ahead of them); batches run one at a time. The worker sleeps on an event
     that a new item or a new ``size`` sets, never in a poll loop. An item whose caller went away (its future
-    cancelled) is dropped.
+    cancelled) is dropped. Each event loop that submits (a policy outlives its runs' loops, and two threads may
+    run one each) has its own queue and worker: items of different loops never share a batch.
     With ``retry_alone``, a batch that fails is run again one item at a time, so only an item that fails alone
     sees an error; otherwise every item of the failed batch gets the exception. A caller whose item failed gets
     that error, and its other items are dropped.
@@ -53,11 +65,9 @@ class MicroBatcher(Generic[T, R]):
         self.max_wait_s = max_wait_s
         self.retry_alone = retry_alone
         self._size = max(1, size)
-        self._waiting: list[_Waiting[T, R]] = []
-        self._wake = asyncio.Event()
-        self._worker: asyncio.Task[None] | None = None
+        self._queues: dict[asyncio.AbstractEventLoop, _Queue[T, R]] = {}
+        self._lock = threading.Lock()  # loops on other threads add and drop queues
         self._callers = itertools.count()
-        self._taken: list[_Waiting[T, R]] = []  # the batch the worker runs now
 
     @property
     def size(self) -> int:
@@ -67,20 +77,28 @@ class MicroBatcher(Generic[T, R]):
     @size.setter
     def size(self, size: int) -> None:
         self._size = max(1, size)
-        self._wake.set()  # the items waiting now may be a full batch
+        with self._lock:
+            queues = list(self._queues.items())
+        for loop, queue in queues:  # the items waiting now may be a full batch
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile
+                loop.call_soon_threadsafe(queue.wake.set)
+
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _Queue[T, R]:
+        """``loop``'s queue, made on its first submit; the queues of closed loops are let go."""
+        with self._lock:
+            self._queues = {other: q for other, q in self._queues.items() if not other.is_closed()}
+            return self._queues.setdefault(loop, _Queue(asyncio.Event()))
 
     async def submit(self, items: Sequence[T]) -> list[R]:
         """The results of ``items``, in order, each run in the batch it joins."""
         loop = asyncio.get_running_loop()
-        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
-            # a new loop (a policy outlives the loops of its runs): its own event, no items of a loop gone
-            self._waiting = [w for w in self._waiting if w.future.get_loop() is loop]
-            self._wake = asyncio.Event()
-            self._worker = loop.create_task(self._work())
+        queue = self._queue(loop)
+        if queue.worker is None or queue.worker.done():
+            queue.worker = loop.create_task(self._work(queue))
         caller = next(self._callers)
         waiting = [_Waiting(item, loop.create_future(), loop.time(), caller) for item in items]
-        self._waiting += waiting
-        self._wake.set()
+        queue.waiting += waiting
+        queue.wake.set()
         try:
             return list(await asyncio.gather(*(w.future for w in waiting)))
         except BaseException:
@@ -92,51 +110,52 @@ class MicroBatcher(Generic[T, R]):
         """The results of ``items`` run as one batch of their own, now (no gathering with other callers)."""
         loop = asyncio.get_running_loop()
         waiting = [_Waiting(item, loop.create_future(), loop.time()) for item in items]
-        await self._run(waiting)
+        await self._run(self._queue(loop), waiting)
         return list(await asyncio.gather(*(w.future for w in waiting)))
 
-    def _live(self) -> list[_Waiting[T, R]]:
-        self._waiting = [w for w in self._waiting if not w.future.done()]
-        return self._waiting
+    @staticmethod
+    def _live(queue: _Queue[T, R]) -> list[_Waiting[T, R]]:
+        queue.waiting = [w for w in queue.waiting if not w.future.done()]
+        return queue.waiting
 
-    async def _work(self) -> None:
+    async def _work(self, queue: _Queue[T, R]) -> None:
         loop = asyncio.get_running_loop()
-        while self._live():
-            deadline = self._waiting[0].since + self.max_wait_s
-            while 0 < len(self._live()) < self._size and loop.time() < deadline:
-                self._wake.clear()
+        while self._live(queue):
+            deadline = queue.waiting[0].since + self.max_wait_s
+            while 0 < len(self._live(queue)) < self._size and loop.time() < deadline:
+                queue.wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
-            batch = self._taken = self._take()
+                    await asyncio.wait_for(queue.wake.wait(), deadline - loop.time())
+            batch = queue.taken = self._take(queue)
             try:
                 if batch:
-                    await self._run(batch)
+                    await self._run(queue, batch)
             finally:  # the worker cancelled mid-batch (the loop shutting down): no caller is left waiting
                 for waiting in batch:
                     waiting.future.cancel()
 
-    def _take(self) -> list[_Waiting[T, R]]:
+    def _take(self, queue: _Queue[T, R]) -> list[_Waiting[T, R]]:
         """The next batch: the waiting callers' items in turn (one each, in order of arrival), up to ``size``."""
-        if len(self._waiting) <= self._size:
-            batch, self._waiting = self._waiting, []  # everything waiting fits
+        if len(queue.waiting) <= self._size:
+            batch, queue.waiting = queue.waiting, []  # everything waiting fits
             return batch
         by_caller: dict[int, list[_Waiting[T, R]]] = {}
-        for waiting in self._waiting:
+        for waiting in queue.waiting:
             by_caller.setdefault(waiting.caller, []).append(waiting)
-        queues = [iter(items) for items in by_caller.values()]
+        callers = [iter(items) for items in by_caller.values()]
         batch = []
-        while queues and len(batch) < self._size:
-            for queue in list(queues):
-                taken = next(queue, None)
+        while callers and len(batch) < self._size:
+            for items in list(callers):
+                taken = next(items, None)
                 if taken is None:
-                    queues.remove(queue)
+                    callers.remove(items)
                 elif len(batch) < self._size:
                     batch.append(taken)
         chosen = {id(w) for w in batch}
-        self._waiting = [w for w in self._waiting if id(w) not in chosen]
+        queue.waiting = [w for w in queue.waiting if id(w) not in chosen]
         return batch
 
-    async def _run(self, batch: list[_Waiting[T, R]]) -> None:
+    async def _run(self, queue: _Queue[T, R], batch: list[_Waiting[T, R]]) -> None:
         try:
             try:
                 results = await self.run_batch([w.item for w in batch])
@@ -153,26 +172,28 @@ class MicroBatcher(Generic[T, R]):
                 logger.warning("a batch of %d failed (%r): running its items one at a time", len(batch), exc)
                 for waiting in batch:
                     if not waiting.future.done():
-                        await self._run([waiting])
+                        await self._run(queue, [waiting])
                 return
             for waiting in batch:
-                self._fail(waiting, exc)
+                self._fail(queue, waiting, exc)
             return
         for waiting, result in zip(batch, results, strict=True):
             if not waiting.future.done():  # a caller that went away has cancelled its future
                 waiting.future.set_result(result)
 
-    def _fail(self, waiting: _Waiting[T, R], exc: Exception) -> None:
+    @staticmethod
+    def _fail(queue: _Queue[T, R], waiting: _Waiting[T, R], exc: Exception) -> None:
         """``waiting``'s item failed, and with it its caller's request: the caller's other items, queued or in the
         batch being retried, are dropped (run, they would answer no one, and keep every other caller waiting)."""
         if not waiting.future.done():
             waiting.future.set_exception(exc)
         if waiting.caller is not None:
-            for other in (*self._waiting, *self._taken):
+            for other in (*queue.waiting, *queue.taken):
                 if other.caller == waiting.caller:
                     other.future.cancel()
 
     async def close(self) -> None:
-        """Wait until the items waiting now have run."""
-        if self._worker is not None and not self._worker.done():
-            await self._worker
+        """Wait until the items waiting now on this event loop have run."""
+        queue = self._queues.get(asyncio.get_running_loop())
+        if queue is not None and queue.worker is not None and not queue.worker.done():
+            await queue.worker

@@ -139,6 +139,47 @@ def test_one_batcher_serves_one_event_loop_after_another():
     assert record.batches == [[1, 2], [5, 6]]
 
 
+def test_event_loops_running_at_once_on_two_threads_each_get_their_own_batches():
+    """A policy shared by two runs, each on its own thread's loop (two `run_sync` agents): the second loop's first
+    submit dropped every item the first loop had waiting, whose callers then waited forever, and one worker ran
+    the other loop's items, setting their futures from the wrong thread."""
+    import threading
+
+    record = Recorder()
+    batcher = MicroBatcher(record, size=2, max_wait_s=LONG)
+    first_waits, results = threading.Event(), {}
+
+    async def two(first: int, wait_for: threading.Event | None):
+        calls = [asyncio.ensure_future(batcher.submit([first]))]
+        await asyncio.sleep(0)
+        first_waits.set()  # one item of this loop waits for a second one
+        if wait_for is not None:
+            await asyncio.to_thread(wait_for.wait)
+        calls.append(asyncio.ensure_future(batcher.submit([first + 1])))
+        return await asyncio.gather(*calls)
+
+    second_submitted = threading.Event()
+
+    def first_loop():
+        results[1] = run(two(1, second_submitted), timeout_s=20)
+
+    thread = threading.Thread(target=first_loop)
+    thread.start()
+    assert first_waits.wait(20)
+    first_waits.clear()
+
+    async def second():  # submits while the first loop's item waits
+        call = asyncio.ensure_future(batcher.submit([10]))
+        await asyncio.sleep(0)
+        second_submitted.set()
+        return await asyncio.gather(call, batcher.submit([11]))
+
+    results[10] = run(second(), timeout_s=20)
+    thread.join(30)
+    assert results == {1: [[2], [4]], 10: [[20], [22]]}
+    assert sorted(record.batches) == [[1, 2], [10, 11]]  # a loop's items are never batched with another's
+
+
 def test_a_caller_that_goes_away_mid_batch_leaves_the_others_their_results():
     started, release = asyncio.Event(), asyncio.Event()
 
