@@ -63,10 +63,10 @@ _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGN
 _NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
 # what ``neutralise`` defangs in text the model reads: a protocol tag with any spacing, case or attributes
 # (``< /information>``, ``<Answer x>``), and a chat control token's spelling (``<|im_end|>``, ``<|endoftext|>``)
-_TAG_LIKE_RE = re.compile(r"<\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\b[^<>]*>", re.IGNORECASE)
+_TAG_LIKE_RE = re.compile(r"<\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b[^<>]*>", re.IGNORECASE)
 _CONTROL_RE = re.compile(r"<\|([^<>|\s]{1,64})\|>")
 # the start of a protocol tag still left (one a removal or a replacement joined): its "<" becomes "["
-_TAG_START_RE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\b)", re.IGNORECASE)
+_TAG_START_RE = re.compile(r"<(?=\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b)", re.IGNORECASE)
 _WELL_FORMED_TURN_RE = re.compile(
     rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
 )

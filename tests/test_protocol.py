@@ -206,6 +206,7 @@ N = 50_000  # 0.4 MB turns: a quadratic parser runs for minutes (4.6 s at 64 KB,
         ("<search>a##" * N, "invalid", "unclosed <search> tag"),
         ("<think><search><answer>" * N, "invalid", "unclosed <search> tag"),
         ("<" * N, "invalid", "no <search> or <answer> tag"),
+        ("<" + " " * N + "x", "invalid", "no <search> or <answer> tag"),  # "<\s*/?\s*" split the spaces N ways
         ("<search>" * N + "</search>", "invalid", "nested tag inside <search>"),
         ("<answer>" * N + "<search> q </search>", "search", None),
         ("<think>" * N + "</think><answer> a </answer>", "answer", None),
