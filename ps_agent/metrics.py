@@ -20,34 +20,46 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def _key(text: str) -> str:
+    """What answers are compared by: the normalised text, or, where normalisation empties it (NQ's gold "A+",
+    "---"), the text lower-cased with single spaces, so that it can still be matched by the same answer."""
+    return normalize_answer(text) or " ".join(text.lower().split())
+
+
 def _golds(golden_answers: Sequence[str]) -> list[str]:
-    """The normalised golden answers, less those normalisation empties (NQ's "A+", "*"): an empty answer matched
-    them, and earned the outcome reward."""
-    return [gold for gold in map(normalize_answer, golden_answers) if gold]
+    """The golden answers' keys, less empty ones: an empty answer must match nothing (it earned the reward)."""
+    return [gold for gold in map(_key, golden_answers) if gold]
 
 
 def exact_match(prediction: str | None, golden_answers: Sequence[str]) -> float:
     """1.0 if the normalised prediction equals any normalised golden answer (an empty one matches none)."""
     if prediction is None:
         return 0.0
-    return float(normalize_answer(prediction) in _golds(golden_answers))
+    return float(_key(prediction) in _golds(golden_answers))
 
 
 def cover_exact_match(prediction: str | None, golden_answers: Sequence[str]) -> float:
     """1.0 if any normalised golden answer appears, as whole words, in the normalised prediction."""
     if prediction is None:
         return 0.0
-    guess = f" {normalize_answer(prediction)} "
+    guess = f" {_key(prediction)} "
     return float(any(f" {gold} " in guess for gold in _golds(golden_answers)))
 
 
+_YES_NO = ("yes", "no", "noanswer")
+
+
 def f1_score(prediction: str | None, golden_answers: Sequence[str]) -> float:
-    """The best token-level F1 over the golden answers."""
+    """The best token-level F1 over the golden answers; as in HotpotQA's official script, a yes/no answer or gold
+    scores only when the two are the same (a hedged "yes or no" earns nothing)."""
     if prediction is None:
         return 0.0
-    guess = normalize_answer(prediction).split()
+    key = _key(prediction)
+    guess = key.split()
     best = 0.0
     for gold in _golds(golden_answers):
+        if (key in _YES_NO or gold in _YES_NO) and key != gold:
+            continue
         truth = gold.split()
         common = sum((Counter(guess) & Counter(truth)).values())
         if common:

@@ -40,6 +40,27 @@ def test_an_empty_answer_matches_no_gold_that_normalisation_empties():
     assert reward_components(empty_answer, ["A+", "AB+"], "single-hop")["outcome"] == 0.0
 
 
+def test_the_right_answer_matches_a_gold_that_normalisation_empties():
+    """Such golds were dropped, so NQ's "most common blood type in Sweden" (gold "A+") could not be answered right:
+    "A+" scored EM 0 and a wrong answer's reward."""
+    from ps_agent.rewards import reward_components
+    from tests.test_rewards import trajectory
+
+    assert exact_match("A+", ["A+", "AB+"]) == 1.0 and exact_match(" a+ ", ["A+"]) == 1.0
+    assert f1_score("A+", ["A+"]) == 1.0 and cover_exact_match("A+", ["A+"]) == 1.0
+    assert exact_match("A", ["A+"]) == 0.0 and exact_match("B+", ["A+"]) == 0.0
+    right = trajectory(answer="A+", final="<think>read it</think>\n<answer> A+ </answer>")
+    assert reward_components(right, ["A+", "AB+"], "single-hop")["outcome"] == 1.0
+
+
+def test_a_yes_no_answer_or_gold_gets_f1_only_when_they_agree():
+    """HotpotQA's official F1: a hedged "yes or no" scored 0.5 against either gold."""
+    assert f1_score("yes or no", ["yes"]) == 0.0 and f1_score("yes no", ["no"]) == 0.0
+    assert f1_score("yes", ["yes"]) == 1.0 and f1_score("Yes.", ["yes"]) == 1.0
+    assert f1_score("no", ["no way out"]) == 0.0  # a yes/no answer to another kind of gold
+    assert f1_score("no way", ["no way out"]) == pytest.approx(0.8)
+
+
 def test_cover_exact_match_needs_whole_words():
     assert cover_exact_match("It is the Nile, in Africa", ["Nile"]) == 1.0
     assert cover_exact_match("Nilesh", ["Nile"]) == 0.0
