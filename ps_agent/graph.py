@@ -25,9 +25,7 @@ from langgraph.types import Send
 from ps_agent.configuration import AgentConfig
 from ps_agent.context import Context
 from ps_agent.policy_protocols import PROTOCOLS, Turn
-from ps_agent.protocol import (
-    SubQueryObservation,
-)
+from ps_agent.protocol import SubQueryObservation, distinct_sub_queries
 from ps_agent.retrieval import resilient_search
 from ps_agent.runner import graph_node
 from ps_agent.state import (
@@ -127,14 +125,14 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
 
 
 def _pending(turn: Turn, context: Context, deadline: float) -> PendingRound:
-    """The round a turn asks for: each distinct non-empty sub-query once, at most ``max_parallel`` (one in
-    sequential mode, where a message of several tool calls gets only its first searched)."""
+    """The round a turn asks for: each distinct sub-query (``distinct_sub_queries``) of the first ``max_parallel``
+    (one in sequential mode, where a message of several tool calls gets only its first searched)."""
     limit = 1 if context.mode == "sequential" else context.max_parallel
     capped = context.mode == "parallel" and len(turn.sub_queries) > limit
     return PendingRound(
         kind="search" if turn.action == "search" else "invalid",
         sub_queries=turn.sub_queries,
-        searched=list(dict.fromkeys(q for q in turn.sub_queries[:limit] if q)),
+        searched=distinct_sub_queries(turn.sub_queries[:limit]),
         capped_from=len(turn.sub_queries) if capped else None,
         tool_call_ids=turn.tool_call_ids,
         started_at=time.perf_counter(),

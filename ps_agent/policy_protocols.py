@@ -27,6 +27,7 @@ from ps_agent.protocol import (
     render_chat_prompt,
     render_information,
     render_prompt,
+    sub_query_key,
 )
 from ps_agent.state import AgentState, PendingRound, Segment
 
@@ -130,7 +131,9 @@ class TagsProtocol:
         self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
     ) -> dict[str, Any]:
         note = None
-        if pending["capped_from"]:
+        if not results:  # no sub-query had a word to search for
+            note = "Nothing was searched: each sub-query needs words to search for, sub-queries separated by ##."
+        elif pending["capped_from"]:
             note = (
                 f"Only the first {context.max_parallel} of {pending['capped_from']} sub-queries were searched "
                 f"(max_parallel={context.max_parallel})."
@@ -191,13 +194,14 @@ class ToolsProtocol:
 
     @staticmethod
     def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
-        if not query:
-            return 'Search failed: no query; call search with arguments {"query": "<what to search for>"}.'
-        if query not in results:
+        if not sub_query_key(query):
+            return 'Search failed: no words to search for; call search with {"query": "<what to search for>"}.'
+        found = next((result for q, result in results.items() if sub_query_key(q) == sub_query_key(query)), None)
+        if found is None:
             if context.mode == "sequential":
                 return "Not searched: one search per turn in sequential mode."
             return f"Not searched: at most {context.max_parallel} searches per round (max_parallel)."
-        return render_information([results[query]]).strip()
+        return render_information([found]).strip()  # its own, or that of the same query written alike
 
 
 PROTOCOLS: dict[str, PolicyProtocol] = {"tags": TagsProtocol(), "tools": ToolsProtocol()}

@@ -183,6 +183,40 @@ def split_sub_queries(query: str, mode: Mode) -> tuple[str, ...]:
     return tuple(q.strip() for q in query.split(SUB_QUERY_SEPARATOR) if q.strip())
 
 
+_WORD_RE = re.compile(r"\w+")
+
+
+def _words(query: str) -> list[str]:
+    return _WORD_RE.findall(query.casefold())
+
+
+def sub_query_key(query: str) -> tuple[str, ...]:
+    """What tells sub-queries apart: their words, case and punctuation aside (empty: nothing to search for)."""
+    return tuple(_words(query))
+
+
+def distinct_sub_queries(sub_queries: Sequence[str]) -> list[str]:
+    """The sub-queries worth searching, each once: one without a letter or digit is dropped, and so is one whose
+    words repeat an earlier one's (case, punctuation and spacing aside)."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for query in sub_queries:
+        key = sub_query_key(query)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(query)
+    return kept
+
+
+def split_round(searched: Sequence[str]) -> bool:
+    """A round that decomposed the question: two or more of its sub-queries ask something the others do not, i.e.
+    their words are not all among another's (the whole question searched beside one of its names is not a split,
+    and earns no decomposition reward)."""
+    words = [frozenset(_words(query)) for query in searched]
+    own = [w for i, w in enumerate(words) if w and not any(w <= other for j, other in enumerate(words) if j != i)]
+    return len(own) > 1
+
+
 def parse_action(text: str, mode: Mode = "parallel") -> Action:
     """Parse one model turn into an action; never raises.
 

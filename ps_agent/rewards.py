@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from ps_agent.metrics import exact_match
-from ps_agent.protocol import is_well_formed_turn
+from ps_agent.protocol import is_well_formed_turn, split_round
 from ps_agent.questions import class_shares, min_rounds, should_decompose, split_share
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ def format_valid(trajectory: Mapping[str, Any]) -> bool:
 
 
 def decomposed(trajectory: Mapping[str, Any]) -> bool:
-    """Some search round had more than one distinct sub-query."""
-    return any(len(r["searched"]) > 1 for r in trajectory["search_rounds"])
+    """Some search round split the question (``protocol.split_round``)."""
+    return any(split_round(r["searched"]) for r in trajectory["search_rounds"])
 
 
 def outcome_component(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:

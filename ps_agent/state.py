@@ -13,6 +13,8 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 from langgraph.types import Overwrite
 
+from ps_agent.protocol import split_round
+
 
 class Segment(TypedDict):
     """A piece of the response after the prompt: model text, or environment text (observations)."""
@@ -167,7 +169,7 @@ def stats_of(state: AgentState) -> Stats:
         llm_calls=len(calls),
         search_rounds=len(rounds),
         sub_queries=sum(len(r["searched"]) for r in rounds),
-        decomposed=any(len(r["searched"]) > 1 for r in rounds),
+        decomposed=any(split_round(r["searched"]) for r in rounds),
         invalid_turns=sum(c["action"] == "invalid" for c in calls),
         failed_searches=sum(res["error"] is not None for r in rounds for res in r["results"]),
         forced_answer=any(c["action"] == "forced_answer" for c in calls),

@@ -499,3 +499,32 @@ def test_a_second_question_on_a_thread_starts_afresh(protocol):
     assert both["output"]["answer"] == "Italy answer"
     assert both["output"]["stats"]["llm_calls"] == 2
     assert _without_timings(both["state"]) == _without_timings(alone["state"])
+
+
+@pytest.mark.parametrize("fake", [" ## .", " ## Who was born first, Einstein or Newton"])
+def test_a_split_that_adds_nothing_is_not_searched_twice_and_earns_no_decomposition(fake):
+    """Appending " ## ." or the question reworded made a whole-question search count as decomposed, paying the
+    parallel bonus (0.45 of a reward of ~1) and inflating the decomposition ratio."""
+    from ps_agent.episodes import episode_record
+
+    question = "Who was born first, Albert Einstein or Isaac Newton?"
+    row = {"id": "q", "question": question, "golden_answers": ["Isaac Newton"], "question_type": "comparison"}
+    search = f"<think> x </think>\n<search> Who was born first, Einstein or Newton?{fake} </search>"
+    retriever = SleepyRetriever()
+    answer = "<think> read </think>\n<answer> Isaac Newton </answer>"
+    agent = ParallelSearchAgent(llm=scripted_llm(search, answer), retriever=retriever)
+    out = agent.invoke(question)
+    assert out["trajectory"]["search_rounds"][0]["searched"] == ["Who was born first, Einstein or Newton?"]
+    assert retriever.calls == [["Who was born first, Einstein or Newton?"]] and out["stats"]["decomposed"] is False
+    assert episode_record(row, out)["rewards"]["decomposition"] == 0.0
+
+
+def test_a_search_of_no_words_is_told_so_and_searches_nothing():
+    retriever = SleepyRetriever()
+    answer = "<think> read </think>\n<answer> Paris </answer>"
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<think> x </think>\n<search> . ## ?! </search>", answer), retriever=retriever
+    )
+    out = agent.invoke("What is the capital of France?")
+    assert retriever.calls == [] and out["trajectory"]["search_rounds"][0]["searched"] == []
+    assert "Nothing was searched: each sub-query needs words" in out["trajectory"]["llm_calls"][1]["prompt"]

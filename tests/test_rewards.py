@@ -109,6 +109,11 @@ def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
         ("hybrid", [["a", "b"], ["c", "d"]], 3 * 0.15),  # hybrid decomposed: rewarded as parallelisable
         ("hybrid", [["a"], ["b"], ["c"]], 0.0),
         ("bridge_comparison", [["a", "b"], ["c", "d"]], 3 * 0.15),
+        # the whole question beside one of its names, or a rewording of itself, is not a split (was paid α·λd)
+        ("comparison", [["Who was born first, Einstein or Newton?", "Einstein"]], 0.0),
+        ("comparison", [["Who was born first, Einstein or Newton?", "who was born first einstein or newton"]], 0.0),
+        ("bridge", [["Who directed Titanic?", "Titanic"]], 0.15),  # kept whole: λd
+        ("comparison", [["Einstein birth", "Newton birth", "Einstein birth date"]], 3 * 0.15),  # two own parts
     ],
 )
 def test_decomposition_reward(question_type, rounds, expected):

@@ -30,7 +30,7 @@ def test_every_tool_call_gets_its_tool_message():
     assert [m.tool_call_id for m in tool_messages] == ["call_0", "call_1", "call_2"]
     assert tool_messages[0].content == tool_messages[1].content
     assert "Doc 1(Title: Title of a)" in tool_messages[0].content
-    assert tool_messages[2].content.startswith('Search failed: no query; call search with arguments {"query"')
+    assert tool_messages[2].content.startswith('Search failed: no words to search for; call search with {"query"')
     assert state["search_rounds"][0]["searched"] == ["a"]
 
 
@@ -87,5 +87,5 @@ def test_a_call_with_arguments_that_are_not_json_or_without_an_id_is_answered():
     state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "search_rounds", "answer"])
     answered = {m.tool_call_id: m.content for m in state["messages"] if isinstance(m, ToolMessage)}
     assert sorted(answered) == ["c0", "call_0"]
-    assert answered["c0"].startswith("Search failed: no query") and "France" in answered["call_0"]
+    assert answered["c0"].startswith("Search failed: no words to search for") and "France" in answered["call_0"]
     assert [r["searched"] for r in state["search_rounds"]] == [["France"]] and state["answer"] == "Paris"
