@@ -188,6 +188,9 @@ def choose_alpha(rows: Sequence[Mapping[str, Any]], alpha: float | None, paper_a
     split = split_share(fractions)
     logger.info("training mix: %s", ", ".join(f"{c} {100 * f:.0f}%" for c, f in fractions.items()))
     break_even = (1 - split) / split if split else float("inf")
+    if split >= 1:  # nothing to keep whole: always splitting is what telling the classes apart does
+        logger.info("every question of this mix should be split: alpha = %.3g", paper_alpha if alpha is None else alpha)
+        return paper_alpha if alpha is None else alpha
     if alpha is None:
         alpha = min(paper_alpha, 0.8 * break_even)
         logger.info("alpha = %.3g (break-even on this mix: %.3g)", alpha, break_even)

@@ -212,6 +212,9 @@ def test_alpha_follows_the_training_mix_and_an_explicit_one_that_pays_always_spl
     # half to split (hybrids count): break-even 1, so 80% of it
     assert choose_alpha(rows_of("comparison", "bridge_comparison", "bridge", None), None) == pytest.approx(0.8)
     assert choose_alpha(rows_of("bridge", None), None) == 3.0  # nothing to split: any α is safe
+    # nothing to keep whole: splitting is right for every question, so the paper's α (it was 0: no r_d at all)
+    assert choose_alpha(rows_of("comparison", "bridge_comparison"), None) == 3.0
+    assert choose_alpha(rows_of("comparison"), 2.0) == 2.0  # and an explicit one is not refused
     assert choose_alpha(rows_of("comparison", "bridge"), 0.9) == 0.9  # explicit, below the break-even
     with pytest.raises(ValueError, match=r"50% of the questions should be decomposed.*below 1\.00"):
         choose_alpha(rows_of("comparison", "bridge"), 3.0)
