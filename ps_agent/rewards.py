@@ -43,15 +43,17 @@ def forced(trajectory: Mapping[str, Any]) -> bool:
 
 def format_valid(trajectory: Mapping[str, Any]) -> bool:
     """The response follows think → (search → information → think)* → answer, with every model turn
-    well formed; a forced answer or an invalid turn makes it invalid."""
+    well formed; a forced answer or an invalid turn makes it invalid. Under the tools protocol a turn is tool
+    calls or a plain answer, which the chat API shapes: there is no tag to check."""
     calls = trajectory["llm_calls"]
     if not calls or calls[-1]["action"] != "answer":
         return False
     searches = calls[:-1]
+    tags = trajectory.get("protocol", "tags") == "tags"
     return (
         all(call["action"] == "search" for call in searches)
         and len(trajectory["search_rounds"]) == len(searches)
-        and all(is_well_formed_turn(call["completion"]) for call in calls)
+        and (not tags or all(is_well_formed_turn(call["completion"]) for call in calls))
     )
 
 

@@ -89,3 +89,17 @@ def test_a_call_with_arguments_that_are_not_json_or_without_an_id_is_answered():
     assert sorted(answered) == ["c0", "call_0"]
     assert answered["c0"].startswith("Search failed: no words to search for") and "France" in answered["call_0"]
     assert [r["searched"] for r in state["search_rounds"]] == [["France"]] and state["answer"] == "Paris"
+
+
+def test_a_clean_tools_episode_is_format_valid_and_an_invalid_turn_is_not():
+    """Every tools-protocol episode was format-invalid (its turns have no tags), so a right answer lost λf."""
+    from ps_agent.rewards import format_valid, reward_components
+
+    model = chat(tool_calls("Eiffel Tower built", "Statue of Liberty built"), AIMessage("The Statue of Liberty"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Which is older?")
+    assert format_valid(out["trajectory"])
+    parts = reward_components(out["trajectory"], ["Statue of Liberty"], "comparison")
+    assert (parts["outcome"], parts["format"]) == (1.0, 0.0)
+    model = chat(AIMessage(""), tool_calls("Eiffel Tower built"), AIMessage("The Statue of Liberty"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Which is older?")
+    assert [c["action"] for c in out["trajectory"]["llm_calls"]][0] == "invalid" and not format_valid(out["trajectory"])
