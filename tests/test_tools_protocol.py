@@ -102,4 +102,4 @@ def test_a_clean_tools_episode_is_format_valid_and_an_invalid_turn_is_not():
     assert (parts["outcome"], parts["format"]) == (1.0, 0.0)
     model = chat(AIMessage(""), tool_calls("Eiffel Tower built"), AIMessage("The Statue of Liberty"))
     out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Which is older?")
-    assert [c["action"] for c in out["trajectory"]["llm_calls"]][0] == "invalid" and not format_valid(out["trajectory"])
+    assert out["trajectory"]["llm_calls"][0]["action"] == "invalid" and not format_valid(out["trajectory"])
