@@ -436,6 +436,48 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     assert sorted(r["step"] for r in records) == [0, 0, 1, 1, 2, 2]
 
 
+def test_a_grpo_run_resumed_after_its_first_epoch_trains_what_the_uninterrupted_run_does(tiny_model, tmp_path):
+    """TRL's sampler drew each epoch's order from one generator seeded once; a resume built a new one, so a later
+    epoch replayed epoch 0's order: some questions trained twice, others never (the v5-kl-ld05 arm's resumes)."""
+    from training.run_grpo import main
+
+    def order(out: Path) -> list[str]:  # the question of each step (one question a step here)
+        return [question for _, question in sorted({(r["step"], r["id"]) for r in read_trajectories(out)})]
+
+    main(grpo_args(tiny_model, tmp_path / "whole", "--max_steps", "10", "--report_to", "none"))
+    main(grpo_args(tiny_model, tmp_path / "cut", "--max_steps", "6", "--report_to", "none"))
+    main(
+        grpo_args(
+            tiny_model, tmp_path / "cut", "--max_steps", "10", "--report_to", "none", "--resume_from_checkpoint", "True"
+        )
+    )
+    whole = order(tmp_path / "whole")
+    assert len(whole) == 10 and sorted(whole[4:8]) == sorted(whole[:4])  # each epoch trains each of the 4 once
+    assert order(tmp_path / "cut") == whole
+
+
+def test_an_episode_cut_at_max_completion_length_is_not_trained(tiny_model, tmp_path, monkeypatch):
+    """Its cut prefix, with no end of turn, was trained with the advantage its whole episode earned (an answer the
+    trained tokens do not contain): TRL's mask_truncated_completions, off by default, is on."""
+    from trl import GRPOTrainer
+
+    from training.run_grpo import main
+
+    masks = []
+    compute_loss = GRPOTrainer.compute_loss
+
+    def recording_compute_loss(self, model, inputs, *args, **kwargs):
+        masks.append(inputs["completion_mask"].tolist())
+        return compute_loss(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", recording_compute_loss)
+    out = tmp_path / "run"
+    main(grpo_args(tiny_model, out, "--max_steps", "1", "--max_completion_length", "6", "--report_to", "none"))
+    records = read_trajectories(out)
+    assert len(records) == 2 and all(r["truncated"] for r in records)
+    assert masks and not any(any(row) for mask in masks for row in mask)
+
+
 def sigint_default() -> None:
     """A child's Ctrl-C as in a terminal's foreground job: a suite started in the background (`make test &`) passes
     SIGINT on ignored, and Python keeps it ignored."""

@@ -4,8 +4,9 @@ The Trainer writes a checkpoint's weights, optimizer and RNG state first and its
 so a folder whose state file is missing or torn, or whose weights cannot be read, was cut off mid-save (a
 SIGTERM, a full disk): it is skipped, with the reason logged, and the run resumes from the one before it.
 
-A resumed run skips the batches it has trained on by position, so it must read the same episodes: an SFT
-checkpoint records its episode file's sha256 (``EPISODES``), and a resume on other episodes is refused. An
+A resumed run skips the batches it has trained on by position, so it must read the same episodes in the same order:
+an SFT checkpoint records its episode file's sha256 (``EPISODES``), and a resume on other episodes is refused; a
+GRPO sampler shuffles each epoch from its seed and the epoch (``epoch_seeded``). An
 adapter checkpoint records its base model, and a resume on another base is refused with both names (PEFT would
 fail later, on mismatched shapes, or not at all where the shapes agree).
 """
@@ -28,6 +29,22 @@ WEIGHTS = ("adapter_model.safetensors", "model.safetensors")
 SHARDED = "model.safetensors.index.json"  # a full model saved in shards
 #: the file of a checkpoint that names the episodes it was trained on
 EPISODES = "episodes.json"
+
+
+def epoch_seeded(trainer_class: type) -> type:
+    """``trainer_class`` (a ``GRPOTrainer``) whose sampler shuffles epoch ``e`` from ``seed + e``. TRL's
+    ``RepeatSampler`` draws every epoch's order from one generator seeded once, and a resumed run builds a new one:
+    past the first epoch it replayed epoch 0's order, training some questions twice and others never."""
+
+    class EpochSeeded(trainer_class):
+        def _get_train_sampler(self, dataset: Any = None) -> Any:
+            sampler = super()._get_train_sampler(dataset)
+            if getattr(sampler, "shuffle", False) and not hasattr(sampler, "set_epoch"):  # the Trainer calls it
+                sampler.set_epoch = lambda epoch: sampler.generator.manual_seed((sampler.seed or 0) + epoch)
+            return sampler
+
+    EpochSeeded.__name__ = EpochSeeded.__qualname__ = trainer_class.__name__
+    return EpochSeeded
 
 
 def episodes_record(path: str | Path, limit: int | None = None, seed: int | None = None) -> dict[str, Any]:

@@ -32,7 +32,13 @@ from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, ModelArguments, agent_config, new_lora
-from training.checkpoints import check_same_episodes, record_in_checkpoints, resume_checkpoint, rows_record
+from training.checkpoints import (
+    check_same_episodes,
+    epoch_seeded,
+    record_in_checkpoints,
+    resume_checkpoint,
+    rows_record,
+)
 from training.data import load_questions, to_dataset
 from training.plans import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
@@ -53,6 +59,7 @@ DEFAULTS = {
     "save_steps": 1,
     "save_total_limit": 2,
     "max_completion_length": 2048,
+    "mask_truncated_completions": True,  # an episode cut there is not trained on its uncut episode's reward
     "temperature": 1.0,
     "beta": 0.0,
     "report_to": ["tensorboard"],
@@ -241,7 +248,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         # an --init_adapter is checked against the base (refused when trained on another); else TRL loads the base
         model = peft_adapter(args.init_adapter, path, trainable=True) if args.init_adapter else path
         peft_config = new_lora(args)
-        trainer_class = grpo_trainer_class() if args.lm_head == "scored" else GRPOTrainer
+        trainer_class = epoch_seeded(grpo_trainer_class() if args.lm_head == "scored" else GRPOTrainer)
         guidance = {}
         if args.teacher:
             trainer_class = teacher_guided(trainer_class)
