@@ -1026,6 +1026,19 @@ def test_the_mix_command_balances_yes_and_no_from_reused_pass_rates_without_a_po
         main(["--out", "mix", "--yes-no", "3"])
 
 
+def test_a_mix_row_keeps_how_many_rounds_its_chain_needs(tmp_path):
+    """A mix row dropped its plan's length, so a 3-hop chain needed its class's minimum of 2 rounds: every rollout
+    that searched it in 3 was logged as over-search."""
+    from ps_agent.questions import rounds_needed
+    from training.mix import candidates, per_class_counts
+
+    drawn = candidates(per_class_counts("12"), tmp_path / "gold")
+    (tmp_path / "mix.jsonl").write_text("".join(json.dumps(r) + "\n" for r in drawn))
+    rows = [r for r in load_questions(str(tmp_path / "mix.jsonl")) if r["id"].startswith("synth")]
+    needed = Counter((r["question_type"], rounds_needed(r)) for r in rows)
+    assert needed[("hybrid", 3)] == 1 and needed[("hybrid", 2)] == 10 and needed[("comparison", 1)] == 6
+
+
 def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
     from training.mix import per_class_counts
 

@@ -151,6 +151,7 @@ def record(q: Any) -> dict[str, Any]:
         "type": q.type,
         "source": q.source,
         "width": width(q.plan),
+        "optimal_rounds": len(q.plan),  # a 3-hop chain needs 3 rounds, not its class's minimum of 2
         "corpus": str(Path(q.corpus).resolve()),
     }
 
