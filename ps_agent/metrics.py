@@ -97,7 +97,8 @@ def behaviour(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+# a think block to its close, or, unclosed (cut at the token limit: the runaway think), to the next action or the end
+_THINK = re.compile(r"<think>(.*?)(?:</think>|<search>|<answer>|\Z)", re.DOTALL)
 
 
 def search_need(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -114,7 +115,8 @@ def search_need(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float | None
 
 def think_words(episodes: Sequence[Mapping[str, Any]]) -> float | None:
     """The mean number of words inside a ``<think>`` block, over every think block of the episodes' turns
-    (their ``timeline``): a think turn that shrinks to nothing, or grows without end, is a collapse signal."""
+    (their ``timeline``), one cut at the token limit included: a think turn that shrinks to nothing, or grows
+    without end, is a collapse signal."""
     lengths = [
         len(block.split())
         for e in episodes

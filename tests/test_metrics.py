@@ -114,3 +114,6 @@ def test_over_and_under_search_and_think_length():
     assert search_need(episodes) == pytest.approx({"over_search": 1 / 4, "under_search": 2 / 4})
     assert think_words(episodes) == pytest.approx(2.0)  # (3 + 1) words over two think blocks
     assert think_words(episodes[1:]) is None
+    runaway = {"timeline": {"turns": [{"completion": "<think>" + "more " * 250}]}}  # cut at its token limit
+    assert think_words([runaway]) == 250.0  # it was left out: None, and not logged
+    assert think_words([{"timeline": {"turns": [{"completion": "<think> a b <search> q </search>"}]}}]) == 2.0
