@@ -241,6 +241,18 @@ class ScriptedAnswers:
         return Completion(text, prompt[-1]["content"], None, len(ids), ids, [-0.1] * len(ids), "stop")
 
 
+def test_two_training_rows_asking_one_question_with_other_answers_are_refused(tmp_path):
+    """A rollout finds its row by the question text: each of the two was scored against the last one's answers."""
+    rows = [
+        {"question": "Who is older?", "golden_answers": ["A"], "question_type": "comparison", "id": "world-1"},
+        {"question": "Who is older?", "golden_answers": ["B"], "question_type": "comparison", "id": "world-2"},
+    ]
+    settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()))
+    with pytest.raises(ValueError, match=r"rows world-1 and world-2 both ask 'Who is older\?' with other answers"):
+        AgentRollout(settings, rows, tmp_path)
+    assert AgentRollout(settings, [rows[0], dict(rows[0])], tmp_path).rows == {"Who is older?": rows[0]}  # a repeat
+
+
 def dynamic_sampling_setup(tokenizer, tmp_path, oversample: int):
     rows = [
         {"question": f"Question {name}?", "golden_answers": ["right"], "question_type": "comparison", "id": name}

@@ -226,7 +226,15 @@ class AgentRollout:
 
     def __init__(self, settings: RolloutSettings, rows: Sequence[dict[str, Any]], output_dir: str | Path) -> None:
         self.settings = settings
-        self.rows = {row["question"]: row for row in rows}  # TRL's prompts are the rows' questions
+        self.rows: dict[str, dict[str, Any]] = {}  # TRL's prompts are the rows' questions
+        for row in rows:
+            earlier = self.rows.setdefault(row["question"], row)
+            if any(earlier.get(k) != row.get(k) for k in ("golden_answers", "question_type", "corpus")):
+                raise ValueError(
+                    f"rows {earlier.get('id')} and {row.get('id')} both ask {row['question']!r:.100} with other "
+                    "answers, type or corpus: a rollout knows its question by its text alone, so one would be "
+                    "scored by the other's; expected each question text once"
+                )
         self.output_dir = Path(output_dir)
         self.sync = WeightSync(settings.openai_base_url, settings.weight_sync, self.output_dir)
         self.policy: Callable[[Any, int], Any] = lambda trainer, n: rollout_policy(settings, trainer, n, self.sync)
