@@ -31,7 +31,7 @@ from benchmarks.common import Run, held_out_sets, paper_tables, write_set  # noq
 from ps_agent.eval import EvalSettings, evaluate  # noqa: E402
 from ps_agent.llms import OpenAICompletionsPolicy, embedded_model_path, load_adapter_model  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
-from ps_agent.provenance import check_same_model, model_checksums  # noqa: E402
+from ps_agent.provenance import check_same_model, model_checksums, recorded_run  # noqa: E402
 from ps_agent.questions import SHARED_DATA, read_split  # noqa: E402
 
 TABLE2_EXTRA = ("musique", "nq", "bamboogle")
@@ -88,7 +88,7 @@ def main() -> None:
     for name, adapter, _ in policies:  # before the server starts: a folder answered by other weights is refused
         try:
             sums = model_checksums(EvalSettings(llm=None, weights=served_weights(base, adapter)))
-            check_same_model(args.run_dir / name, name, sums)
+            check_same_model(args.run_dir / name, name, sums, recorded_run(args.run_dir / name))
         except ValueError as exc:
             raise SystemExit(f"--policy {name}: {exc}") from exc
     from transformers import AutoTokenizer

@@ -1,8 +1,9 @@
 """What an eval folder's answers came from, and who may write there.
 
 ``provenance`` records what reproduces a run's numbers (the command, the settings, checksums of the model's
-weights and of the data); ``check_same_model`` refuses to resume a folder answered by another model, since its
-answers would be counted as this one's, and ``check_same_settings`` one answered with other settings;
+weights and of the data). Given a folder's last run (``recorded_run``), ``check_same_model`` refuses to resume a
+folder answered by another model, since its answers would be counted as this one's, and ``check_same_settings``
+one answered with other settings;
 ``writing_to`` keeps a second eval out of a folder one is writing to.
 """
 
@@ -33,21 +34,29 @@ if TYPE_CHECKING:
     from ps_agent.eval import EvalSettings
 
 
-def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> None:
+def recorded_run(out_dir: Path) -> dict[str, Any] | None:
+    """The record of the last run that answered into ``out_dir``: None where the folder holds no answers (nothing
+    to resume), ``{}`` where its answers are not on record."""
+    if not any((out_dir / "results").glob("*.jsonl")):
+        return None
+    runs = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
+    return runs[-1] if runs else {}
+
+
+def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str], earlier: dict[str, Any] | None) -> None:
     """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered by
     other weights, or by weights not on record, since their answers would be counted as this model's.
 
     ``model_sha1``: this run's model identity (``model_checksums``). Empty for a Python model object given no
     ``weights``: then the folder must hold no record either. A served model (``vllm:URL``) can
-    change behind its URL, so resuming its answers needs its ``weights``."""
-    if not any((out_dir / "results").glob("*.jsonl")):
+    change behind its URL, so resuming its answers needs its ``weights``. ``earlier``: ``recorded_run(out_dir)``."""
+    if earlier is None:
         return
-    earlier = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
-    held = earlier[-1].get("model_sha1") if earlier else None
+    held = earlier.get("model_sha1")
     same = held is not None and Counter(held.values()) == Counter(model_sha1.values())  # by content, not path:
     if same and (model_sha1 or not llm.startswith("vllm:")):  # an adapter moved or copied is the same model
         return
-    answered_by = f"other model weights ({earlier[-1]['settings']['llm']}: {held})" if held else "weights not on record"
+    answered_by = f"other model weights ({earlier['settings']['llm']}: {held})" if held else "weights not on record"
     this = f"{llm}: {model_sha1}" if model_sha1 else f"{llm}, whose weights are not on record (pass --weights)"
     raise ValueError(
         f"{out_dir} holds answers of {answered_by}, not of this run's ({this}); a rerun there skips the "
@@ -56,22 +65,20 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str]) -> Non
     )
 
 
-def check_same_settings(out_dir: Path, run: dict[str, Any]) -> None:
+def check_same_settings(out_dir: Path, run: dict[str, Any], earlier: dict[str, Any] | None) -> None:
     """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered with
     other agent settings (``max_turns``, ``topk``, …; unset is the default), another retriever, another part of the
-    split, or another version of a question file, since the report would give those answers as this run's."""
-    if not any((out_dir / "results").glob("*.jsonl")) or not (out_dir / "runs.jsonl").is_file():
-        return
-    earlier = read_records([out_dir / "runs.jsonl"])
+    split, or another version of a question file, since the report would give those answers as this run's.
+    ``earlier``: ``recorded_run(out_dir)`` (answers not on record are ``check_same_model``'s to refuse)."""
     if not earlier:
         return
-    then, now = earlier[-1].get("settings", {}), run["settings"]
+    then, now = earlier.get("settings", {}), run["settings"]
     changed = [
         f"{key} {_json(then[key])} (now {_json(now[key])})"
         for key in ("agent", "retriever", "part")
         if key in then and _json(then[key]) != _json(now[key])
     ]
-    held = earlier[-1].get("data_sha1", {})
+    held = earlier.get("data_sha1", {})
     changed += [f"{path} (its contents)" for path, sha in run["data_sha1"].items() if held.get(path, sha) != sha]
     if changed:
         raise ValueError(
