@@ -25,7 +25,7 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.episodes import episode_record, error_record
 from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
-from ps_agent.provenance import check_same_model, check_same_settings, provenance, writing_to
+from ps_agent.provenance import check_same_model, check_same_settings, provenance, recorded_run, writing_to
 from ps_agent.questions import read_jsonl, split_part
 from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.runner import run_sync
@@ -103,6 +103,18 @@ def check_retriever(spec: Any) -> None:
         raise CorpusError(f"cannot read corpus {spec}: {exc} (expected a readable corpus jsonl file)") from exc
 
 
+class SearchesFailed(RuntimeError):
+    """Every search of a question failed: its answer was given without retrieval, and measures nothing."""
+
+
+def check_searched(out: dict[str, Any]) -> None:
+    """Raise ``SearchesFailed`` for a run in which every search failed (a retrieval server down or unreachable):
+    the agent answers on, but an evaluation counts the question as an error, which a rerun retries."""
+    failed = [x["error"] for r in out["trajectory"]["search_rounds"] for x in r["results"] if x["error"] is not None]
+    if failed and len(failed) == out["stats"]["sub_queries"]:
+        raise SearchesFailed(f"every search of the question failed ({len(failed)}), the first with {failed[0]}")
+
+
 def corpus_for(path: Path, retriever: Any) -> Any:
     """``"auto"``: the ``corpus.jsonl`` beside a question file, else the embedded corpus."""
     if retriever != "auto":
@@ -178,9 +190,9 @@ async def _evaluate_one(
     async with gate:
         started = time.time()
         try:
-            record = eval_record(
-                row, dataset, mode, episode_record(row, await agent.ainvoke({"question": row["question"]}))
-            )
+            out = await agent.ainvoke({"question": row["question"]})
+            check_searched(out)
+            record = eval_record(row, dataset, mode, episode_record(row, out))
         except Exception as exc:  # the model or the retriever failed: the question is an error line
             logger.warning("%s %s failed: %s", dataset, row["id"], exc)
             record = eval_record(row, dataset, mode, error_record(row, exc, time.time() - started))
@@ -223,8 +235,9 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
 
     run = provenance(settings, [path for path, _ in files])
     with writing_to(out_dir):
-        check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"])
-        check_same_settings(out_dir, run)
+        earlier = recorded_run(out_dir)
+        check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"], earlier)
+        check_same_settings(out_dir, run, earlier)
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
         try:
             run_sync(run_all())  # also from Jupyter, whose event loop is already running

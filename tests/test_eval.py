@@ -130,6 +130,22 @@ def test_errors_are_counted_and_a_rerun_retries_them(synthetic, tmp_path):
     assert summary["overall"]["parallel"] | {"n": 5, "errors": 0, "em": 100.0} == summary["overall"]["parallel"]
 
 
+def test_a_question_whose_every_search_failed_is_an_error_not_a_score(synthetic, tmp_path):
+    """A retrieval server that cannot be reached: each search failed, the model answered without a passage, and the
+    report gave those answers' EM with 0 errors, exit 0."""
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(
+        llm=GoldPlanPolicy(rows), retriever="http://127.0.0.1:9/retrieve", modes=("parallel",), limit=2,
+        agent={"max_turns": 3, "search_retries": 0},
+    )  # fmt: skip
+    with pytest.raises(EvalFailed, match=r"all 2 questions run failed, the first with SearchesFailed: every search"):
+        evaluate([questions], tmp_path / "out", settings)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2}
+    settings.retriever = str(corpus)  # the retriever is back: both questions run again, and are answered
+    assert evaluate([questions], tmp_path / "out2", settings)["overall"]["parallel"]["errors"] == 0
+
+
 def test_a_run_where_every_question_fails_is_an_error(synthetic, tmp_path):
     corpus, questions, rows = synthetic
     settings = EvalSettings(llm=FailingOn(rows, ""), retriever=str(corpus), modes=("parallel",), limit=2)
