@@ -22,9 +22,11 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.context import Context
 from ps_agent.episodes import episode_record, error_record
 from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
+from ps_agent.policy_protocols import PROTOCOLS
 from ps_agent.provenance import check_same_model, check_same_settings, provenance, recorded_run, writing_to
 from ps_agent.questions import read_jsonl, split_part
 from ps_agent.retrieval import CorpusError, resolve_retriever
@@ -101,6 +103,12 @@ def check_retriever(spec: Any) -> None:
         resolve_retriever(spec)
     except OSError as exc:
         raise CorpusError(f"cannot read corpus {spec}: {exc} (expected a readable corpus jsonl file)") from exc
+
+
+def check_llm(llm: Any, mode: str, protocol: str) -> None:
+    """Load the model an LLM spec names before any question runs, so a misnamed one is one clear error instead of
+    a failure per question (the load is cached: the agent reuses it)."""
+    PROTOCOLS[protocol].load(Context(llm=llm, mode=mode, protocol=protocol))
 
 
 class SearchesFailed(RuntimeError):
@@ -238,6 +246,8 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
         earlier = recorded_run(out_dir)
         check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"], earlier)
         check_same_settings(out_dir, run, earlier)
+        for mode in settings.modes:
+            check_llm(settings.llm, mode, settings.agent.get("protocol", "tags"))
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
         try:
             run_sync(run_all())  # also from Jupyter, whose event loop is already running

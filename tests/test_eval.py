@@ -159,6 +159,26 @@ def test_a_run_where_every_question_fails_is_an_error(synthetic, tmp_path):
     assert evaluate([questions], tmp_path / "out", settings)["overall"]["parallel"]["errors"] == 0
 
 
+def test_a_misnamed_llm_is_refused_before_any_question_runs_and_error_lines_do_not_hold_a_folder(synthetic, tmp_path):
+    """`--llm bogus` wrote an error line per question, and the folder then refused the corrected command as
+    "answers of weights not on record"."""
+    from ps_agent.llms import LLMSpecError
+    from ps_agent.provenance import recorded_run
+
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(llm="bogus", retriever=str(corpus), modes=("parallel",), limit=2)
+    with pytest.raises(LLMSpecError, match="unknown LLM spec 'bogus'"):
+        evaluate([questions], tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "results").exists() and not (tmp_path / "out" / "runs.jsonl").exists()
+    failing = EvalSettings(llm=FailingOn(rows, ""), retriever=str(corpus), modes=("parallel",), limit=2)
+    with pytest.raises(EvalFailed):
+        evaluate([questions], tmp_path / "out", failing)
+    assert recorded_run(tmp_path / "out") is None  # only error lines: nothing to resume, any model may rerun them
+    settings.llm, settings.weights = GoldPlanPolicy(rows), [str(corpus)]  # now another model, with weights on record
+    summary = evaluate([questions], tmp_path / "out", settings)["overall"]["parallel"]
+    assert summary | {"n": 2, "errors": 0, "em": 100.0} == summary
+
+
 def test_a_corpus_path_typo_is_refused_before_any_question_runs(synthetic, tmp_path):
     _, questions, rows = synthetic
     typo = tmp_path / "synth" / "corpsu.jsonl"
