@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal
 
-import click
 import httpx
 import typer
 from rich.text import Text
@@ -142,8 +141,18 @@ def eval_command(
     """Run the agent over question files (resumable) and write the paper's tables and plots."""
     from ps_agent.eval import EvalFailed, EvalSettings, evaluate
 
-    if index is not None and retriever_url is not None:
-        raise click.UsageError("give --index or --retriever-url, not both")
+    given = [
+        name
+        for name, value in (("--corpus", corpus != "auto"), ("--index", index), ("--retriever-url", retriever_url))
+        if value
+    ]
+    if len(given) > 1:  # the one used would silently replace the other
+        raise typer.BadParameter(f"give one of --corpus, --index and --retriever-url, not {' and '.join(given)}")
+    if retriever_url is not None and not retriever_url.startswith(("http://", "https://")):
+        raise typer.BadParameter(
+            f"{retriever_url!r}: expected a server URL, e.g. http://127.0.0.1:8000/retrieve",
+            param_hint="--retriever-url",
+        )
     if index is not None:
         with user_errors():
             from ps_agent.retrieval import index_retriever
@@ -204,7 +213,7 @@ def serve_retriever(
         str, typer.Option(help="Without --index: a corpus jsonl served with BM25, or 'embedded'.")
     ] = "embedded",
     host: Annotated[str, typer.Option(help="Interface to bind; loopback unless told otherwise.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
     micro_batching: Annotated[bool, typer.Option(help="Gather the queries of concurrent requests.")] = True,
     max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries.")] = 5.0,
     max_batch: Annotated[int, typer.Option(help="Queries per batch at most.")] = 256,
@@ -229,6 +238,9 @@ def serve_retriever(
     from ps_agent.retrieval.index import load_index
     from ps_agent.retrieval.server import create_app, serve
 
+    ignored = [f"--{n}" for n, v in (("kind", kind), ("encoder", encoder), ("dtype", dtype != "auto")) if v]
+    if index is None and ignored:
+        raise typer.BadParameter(f"{' and '.join(ignored)} choose among an index folder's indexes: give --index DIR")
     with user_errors():
         limits = ServerLimits(
             max_wait_ms=max_wait_ms,
@@ -240,6 +252,9 @@ def serve_retriever(
             max_connections=max_connections,
         )
         retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
+    errors.print(
+        f"serving {len(retriever) if hasattr(retriever, '__len__') else 'the'} passages at http://{host}:{port}/retrieve"
+    )
     serve(create_app(retriever, limits), limits, host=host, port=port)
 
 
@@ -348,14 +363,14 @@ app.add_typer(trajectories, name="trajectories")
 @trajectories.command("show")
 def show_trajectories(
     run_dir: Annotated[Path, typer.Argument(help="A training run's output folder.")],
-    last: Annotated[int, typer.Option(help="How many of the latest rollouts to show.")] = 3,
+    last: Annotated[int, typer.Option(min=1, help="How many of the latest rollouts to show.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summarise a run's logged rollouts (rewards, decomposition by class, format) and show the latest."""
     from ps_agent.trajectories import read_trajectories, summarise_rollouts
 
     if not run_dir.is_dir():
-        raise click.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
+        raise typer.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
     records = read_trajectories(run_dir)
     summary = summarise_rollouts(records)
     if as_json:

@@ -101,6 +101,34 @@ def test_service_and_setting_errors_are_one_line(monkeypatch, tmp_path, args, me
     assert len(result.output.strip().splitlines()) <= 6  # one message (typer boxes usage errors in a few lines)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eval", "--data", "q.jsonl", "--out", "o", "--index", "i", "--retriever-url", "http://x"], "not --index and"),
+        (
+            ["eval", "--data", "q.jsonl", "--out", "o", "--corpus", "c.jsonl", "--retriever-url", "http://x"],
+            "not --corpus",
+        ),
+        (["eval", "--data", "q.jsonl", "--out", "o", "--retriever-url", "notaurl"], "expected a server URL"),
+        (["trajectories", "show", "/nonexistent"], "not a folder: /nonexistent"),
+        (["trajectories", "show", ".", "--last", "0"], "should be greater than or equal to 1"),
+        (["serve-retriever", "--port", "99999"], "should be less than or equal to 65535"),
+        (["serve-retriever", "--kind", "hnsw"], "--kind choose among an index folder's indexes: give --index DIR"),
+    ],
+)
+def test_conflicting_or_out_of_range_options_are_usage_errors(args, message):
+    """These were a traceback with exit 1 (click's own exceptions, which typer's bundled click does not catch), or
+    accepted: a port wrapped modulo 65536, --last 0 showing every rollout, --kind ignored without --index, and
+    --corpus silently dropped for --retriever-url."""
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split()) and "Traceback" not in result.output
+
+
 def test_trajectories_show_prints_logged_text_as_text(tmp_path):
     from typer.testing import CliRunner
 
