@@ -230,7 +230,14 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     out_dir = Path(out_dir)
     problems: list[str] = []
     files = [(Path(p), _part(read_jsonl(p, problems=None if settings.strict else problems), settings)) for p in data]
+    named: dict[str, Path] = {}
     for path, _ in files:
+        other = named.setdefault(dataset_name(path), path.resolve())
+        if other != path.resolve():  # one results file: the second's ids would be taken as the first's answered
+            raise ValueError(
+                f"{other} and {path} would both be reported as dataset {dataset_name(path)!r}: expected data files "
+                "of distinct names (a dev/test/train/questions file takes its folder's name)"
+            )
         check_retriever(corpus_for(path, settings.retriever))
     written: list[dict[str, Any]] = []
 

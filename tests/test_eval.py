@@ -4,6 +4,7 @@ settings and corpus checked up front, and `ps-agent eval` end to end."""
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,6 +178,18 @@ def test_a_misnamed_llm_is_refused_before_any_question_runs_and_error_lines_do_n
     settings.llm, settings.weights = GoldPlanPolicy(rows), [str(corpus)]  # now another model, with weights on record
     summary = evaluate([questions], tmp_path / "out", settings)["overall"]["parallel"]
     assert summary | {"n": 2, "errors": 0, "em": 100.0} == summary
+
+
+def test_two_data_files_reported_under_one_name_are_refused(synthetic, tmp_path):
+    """coll/dev.jsonl and coll/test.jsonl shared results/coll.*.jsonl: test.jsonl's id 1 was taken as answered."""
+    corpus, questions, rows = synthetic
+    for name in ("dev", "test"):
+        (tmp_path / "coll").mkdir(exist_ok=True)
+        shutil.copy(questions, tmp_path / "coll" / f"{name}.jsonl")
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=1)
+    with pytest.raises(ValueError, match=r"dev\.jsonl and .*test\.jsonl would both be reported as dataset 'coll'"):
+        evaluate([tmp_path / "coll" / "dev.jsonl", tmp_path / "coll" / "test.jsonl"], tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "results").exists()
 
 
 def test_a_corpus_path_typo_is_refused_before_any_question_runs(synthetic, tmp_path):

@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -227,6 +228,21 @@ def test_an_encoder_folder_retrained_in_place_is_not_served_with_its_old_embeddi
     (out / "manifest.json").unlink()  # a build stopped before its manifest, continued after the retrain
     with pytest.raises(IndexMismatch, match=r"already holds another index \(its encoder folder .* has changed"):
         build_index(corpus, out, ["flat"], encoder=str(encoder), progress=False, shard_size=64)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"shard_size": -5}, "shard_size must be an integer of at least 1, got -5"),  # built an empty index
+        ({"shard_size": 0}, "shard_size must be an integer of at least 1, got 0"),  # ZeroDivisionError
+        ({"batch_size": 0}, "batch_size must be an integer of at least 1, got 0"),
+        ({"device": "tpu"}, "unknown encoder device 'tpu': expected cpu, cuda or cuda:N"),  # torch's RuntimeError
+    ],
+)
+def test_bad_build_options_are_refused_before_anything_is_written(corpus, tmp_path, option, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_index(corpus, tmp_path / "out", ["flat"], progress=False, **option)
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_a_build_that_failed_before_keeping_anything_is_started_again_on_a_fixed_corpus(corpus, tmp_path):

@@ -102,6 +102,10 @@ def resolve_dtype(dtype: str, device: str | None) -> str:
 
     if dtype not in ("auto", "float32", "bfloat16"):
         raise EncoderError(f"unknown encoder dtype {dtype!r}: expected auto, float32 or bfloat16")
+    try:
+        torch.device(device or "cpu")
+    except RuntimeError as exc:
+        raise EncoderError(f"unknown encoder device {device!r}: expected cpu, cuda or cuda:N") from exc
     if dtype != "auto":
         return dtype
     if (device or "cuda").startswith("cuda") and torch.cuda.is_available():

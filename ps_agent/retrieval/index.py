@@ -78,6 +78,9 @@ def build_index(
     progress: bool = True,
 ) -> dict:
     """Build (or continue building) the index types in ``out``; returns the manifest."""
+    for name, value in (("shard_size", shard_size), ("batch_size", batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
     unknown = sorted(set(index_types) - set(INDEX_TYPES))
     if unknown or not index_types:
         raise ValueError(f"unknown index type(s) {unknown or '(none)'}: expected some of {', '.join(INDEX_TYPES)}")
