@@ -241,6 +241,22 @@ class ScriptedAnswers:
         return Completion(text, prompt[-1]["content"], None, len(ids), ids, [-0.1] * len(ids), "stop")
 
 
+def test_grpo_on_a_shared_benchmark_file_trains_on_its_train_part_only(tiny_model, tmp_path):
+    """The documented hotpotqa.yaml trained on the whole dev file: 203 of its 660 questions are the validation part
+    the benchmarks report on."""
+    from ps_agent.questions import split_part
+    from training.run_grpo import main
+
+    hotpotqa = SHARED_DATA / "hotpotqa" / "dev.jsonl"
+    with pytest.raises(SystemExit, match=r"is a shared benchmark file: train on its train part, --part train"):
+        main(grpo_args(tiny_model, tmp_path / "run", "--data", str(hotpotqa), "--max_steps", "1"))
+    rows = load_questions(str(hotpotqa), part="train")
+    assert len(rows) == 457 and {split_part(r["id"]) for r in rows} == {"train"}
+    assert len(load_questions(str(hotpotqa), part="validation")) == 203
+    with pytest.raises(ValueError, match="limit must be an integer of at least 1"):
+        load_questions("builtin", limit=0)  # was every question; -3 dropped the last three
+
+
 def test_two_training_rows_asking_one_question_with_other_answers_are_refused(tmp_path):
     """A rollout finds its row by the question text: each of the two was scored against the last one's answers."""
     rows = [

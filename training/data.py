@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ps_agent.questions import KNOWN_TYPES, DataError, read_jsonl, to_row
+from ps_agent.questions import KNOWN_TYPES, DataError, read_jsonl, split_part, to_row
 
 __all__ = ["BUILTIN_QUESTIONS", "DataError", "from_records", "load_questions", "read_jsonl", "to_dataset", "to_row"]
 
@@ -24,8 +24,14 @@ def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KN
     return [to_row(record, f"{name}[{i}]", known_types) for i, record in enumerate(records)]
 
 
-def load_questions(source: Any = "builtin", limit: int | None = None) -> list[dict[str, Any]]:
-    """Question rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``."""
+def load_questions(source: Any = "builtin", limit: int | None = None, part: str = "all") -> list[dict[str, Any]]:
+    """Question rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``: those
+    of ``part`` (``train`` or ``validation`` by ``questions.split_part`` of their ids, as evaluation splits them; or
+    ``all``), the first ``limit`` of them."""
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be an integer of at least 1 (questions), got {limit!r}")
+    if part not in ("all", "train", "validation"):
+        raise ValueError(f"part must be all, train or validation, got {part!r}")
     if isinstance(source, str) and source == "builtin":
         rows = from_records(BUILTIN_QUESTIONS, "builtin")
     elif isinstance(source, str) and source.startswith("hf:"):
@@ -37,7 +43,8 @@ def load_questions(source: Any = "builtin", limit: int | None = None) -> list[di
         rows = read_jsonl(source)
     else:
         rows = from_records(source, type(source).__name__)
-    return rows[:limit] if limit else rows
+    rows = rows if part == "all" else [row for row in rows if split_part(row["id"]) == part]
+    return rows[:limit]
 
 
 def to_dataset(rows: list[dict[str, Any]]):

@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
+from ps_agent.questions import SHARED_DATA
 from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, ModelArguments, agent_config, new_lora
@@ -74,6 +75,10 @@ class ParallelSearchArguments(ModelArguments, AgentArguments):
 
     data: str = field(default="builtin", metadata={"help": "builtin, a question jsonl path, or hf:NAME[:SPLIT]"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N questions"})
+    part: str = field(
+        default="all",
+        metadata={"help": "all, train or validation: the questions of that part of the split evaluation reports on"},
+    )
     corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
     backend: str = field(
         default="hf",
@@ -223,7 +228,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     if args.teacher_coef < 0:
         raise SystemExit(f"--teacher_coef {args.teacher_coef}: expected 0 or more (the KL pulls toward the teacher)")
     path = model_path(args.model_name_or_path)
-    rows = load_questions(args.data, limit=args.limit)
+    shared = Path(str(args.data)).resolve().is_relative_to(SHARED_DATA)
+    if shared and args.part != "train":  # the benchmarks report on its validation part
+        raise SystemExit(f"--data {args.data} is a shared benchmark file: train on its train part, --part train")
+    rows = load_questions(args.data, limit=args.limit, part=args.part)
     questions = rows_record(str(args.data), rows, config.seed)
     restore_corpora(rows)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
