@@ -122,6 +122,10 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: missing or empty 'question' (expected a non-empty string)")
     golden = raw.get("golden_answers")
+    if isinstance(golden, str) and golden.strip().startswith("[") and golden.strip().endswith("]"):
+        raise DataError(  # a list written out as text (a CSV or pandas export) would match no answer
+            f"{where}: 'golden_answers' is a string spelling a list ({golden!r:.80}); expected a JSON list of strings"
+        )
     if isinstance(golden, str):
         golden = [golden]
     if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
@@ -176,6 +180,7 @@ def read_jsonl(
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     repeats: Counter[str] = Counter()
+    first_line: dict[str, str] = {}  # explicit id → the line that gave it
     with path.open("rb") as lines:
         for number, data in enumerate(lines, 1):
             where = f"{path}:{number}"
@@ -191,6 +196,11 @@ def read_jsonl(
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{where}: not JSON ({exc})") from exc
                 row = to_row(raw, where, known_types)
+                if raw.get("id") is not None and first_line.setdefault(row["id"], where) != where:
+                    raise DataError(  # results are kept by id: one of the two would never be reported
+                        f"{where}: id {row['id']!r} is also that of {first_line[row['id']]}; expected ids unique "
+                        "in a file"
+                    )
                 if "corpus" in row:  # relative to the question file
                     row["corpus"] = str((path.parent / row["corpus"]).resolve())
             except DataError as exc:
@@ -231,5 +241,7 @@ def read_split(path: str | Path, part: str) -> list[dict[str, Any]]:
     if part not in ("train", "validation"):
         raise ValueError(f"part must be 'train' or 'validation', got {part!r}")
     with Path(path).open(encoding="utf-8") as lines:
-        records = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in records if split_part(r["id"]) == part]
+        records = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
+    for number, record in records:  # each checked as any question line is (a string answer read letter by letter)
+        to_row(record, f"{path}:{number}")
+    return [r for _, r in records if split_part(r["id"]) == part]

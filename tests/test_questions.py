@@ -16,6 +16,8 @@ BAD_LINES = [
     (b'{"golden_answers": ["A"]}', r"missing or empty 'question'"),
     (b'{"question": "Which?", "golden_answers": ["A"], "type": ["bridge"]}', r"unknown question type \['bridge'\]"),
     (b'{"question": "Who?", "golden_answers": ["A"], "optimal_rounds": 0}', r"'optimal_rounds' must be a positive"),
+    # a CSV export's list: the one answer "['A', 'B']" matched nothing
+    (b'{"question": "Who?", "golden_answers": "[\'A\', \'B\']"}', r"'golden_answers' is a string spelling a list"),
 ]
 
 
@@ -61,3 +63,25 @@ def test_the_rounds_a_question_needs_come_from_its_plan_its_hops_or_its_class(tm
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert [rounds_needed(row) for row in read_jsonl(path)] == [3, 2, 4, 1, 2, 1]
+
+
+def test_a_repeated_id_is_an_error_naming_both_lines(tmp_path):
+    """Ids 7 and "7" were one id: the report, which keeps results by id, dropped one of the two questions."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": 7, "question": "Who?", "golden_answers": ["A"]}\n'
+                    '{"id": "7", "question": "Where?", "golden_answers": ["B"]}\n')  # fmt: skip
+    with pytest.raises(DataError, match=r"q\.jsonl:2: id '7' is also that of .*q\.jsonl:1; expected ids unique"):
+        read_jsonl(path)
+
+
+def test_a_split_part_is_read_from_checked_lines(tmp_path):
+    """read_split returned raw records: a string answer was later read letter by letter ("yes" → "y")."""
+    from ps_agent.questions import read_split
+
+    path = tmp_path / "dev.jsonl"
+    lines = [{"id": f"q{i}", "question": f"Q{i}?", "golden_answers": ["yes"]} for i in range(6)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert len(read_split(path, "train")) + len(read_split(path, "validation")) == 6
+    path.write_text(path.read_text() + json.dumps({"id": "q9", "question": "Q9?", "golden_answers": None}) + "\n")
+    with pytest.raises(DataError, match=r"dev\.jsonl:7: missing or empty 'golden_answers'"):
+        read_split(path, "train")
