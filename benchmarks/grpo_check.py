@@ -27,10 +27,11 @@ sys.path.insert(0, str(ROOT))
 from transformers import TrainerCallback  # noqa: E402
 
 from benchmarks.common import figure  # noqa: E402
+from ps_agent.episodes import summarise_rollouts  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import SHARED_DATA, read_split  # noqa: E402
 from ps_agent.synthetic import generate  # noqa: E402
-from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
+from ps_agent.trajectories import read_trajectories  # noqa: E402
 from training.data import load_questions  # noqa: E402
 from training.run_grpo import main as run_grpo  # noqa: E402
 
@@ -74,7 +75,7 @@ def training_questions(n: int, seed: int, out: Path, source: str) -> tuple[str, 
 
 
 def curves(records: list[dict]) -> list[dict]:
-    """Per-step means of the logged rollouts (``trajectories.summarise_rollouts`` of each step)."""
+    """Per-step means of the logged rollouts (``episodes.summarise_rollouts`` of each step)."""
     rows = []
     for step in sorted({r["step"] for r in records}):
         summary = summarise_rollouts([r for r in records if r["step"] == step])

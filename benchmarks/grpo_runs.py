@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import figure  # noqa: E402
-from ps_agent.trajectories import read_trajectories, summarise_rollouts  # noqa: E402
+from ps_agent.episodes import summarise_rollouts  # noqa: E402
+from ps_agent.trajectories import read_trajectories  # noqa: E402
 
 KEYS = {
     "reward": "reward",

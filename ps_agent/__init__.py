@@ -2,8 +2,8 @@
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
-from ps_agent.graph import AgentError, build_graph
+from ps_agent.graph import AgentError
 from ps_agent.retrieval import Passage, Retriever
 
-__all__ = ["AgentConfig", "AgentError", "ParallelSearchAgent", "Passage", "Retriever", "build_graph"]
+__all__ = ["AgentConfig", "AgentError", "ParallelSearchAgent", "Passage", "Retriever"]
 __version__ = "0.1.0"

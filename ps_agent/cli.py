@@ -367,7 +367,8 @@ def show_trajectories(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Summarise a run's logged rollouts (rewards, decomposition by class, format) and show the latest."""
-    from ps_agent.trajectories import read_trajectories, summarise_rollouts
+    from ps_agent.episodes import summarise_rollouts
+    from ps_agent.trajectories import read_trajectories
 
     if not run_dir.is_dir():
         raise typer.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")

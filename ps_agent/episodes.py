@@ -1,6 +1,7 @@
 """One episode, one record: the line an eval's results file and a GRPO run's trajectory log both hold, the shape
-``report.py`` draws, and ``aggregate``, the one set of means over such lines that eval, the trajectory summaries
-and the benchmarks' tables report.
+``report.py`` draws, and the two summaries of such lines, both over ``metrics.behaviour``: ``aggregate`` (eval and
+the benchmarks' tables, shares in percent) and ``summarise_rollouts`` (a training run's log, per step or whole,
+shares as fractions, with GRPO's groups and the collapse signals).
 
 A record is the question (``question_fields``), then what the agent did with it: its answer, the metrics against
 the golden answers, the reward components, the counts of the agent's ``stats``, and the ``timeline`` a page draws.
@@ -9,14 +10,15 @@ An eval line adds its ``dataset`` and ``mode``; a rollout line its ``step`` and 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean
+from ps_agent.metrics import behaviour, cover_exact_match, exact_match, f1_score, mean, search_need, think_words
 from ps_agent.questions import question_class, rounds_needed
-from ps_agent.rewards import DEFAULT_WEIGHTS, RewardWeights, format_valid, reward_components
+from ps_agent.rewards import COMPONENTS, DEFAULT_WEIGHTS, RewardWeights, format_valid, reward_components
 
 #: the counts of the agent's ``stats`` a record keeps
 STATS = ("llm_calls", "search_rounds", "decomposed", "forced_answer", "failed_searches", "latency_s")
@@ -118,3 +120,50 @@ def aggregate(
         ran = rng.integers(0, len(ok), size=(bootstrap, len(ok))) if len(ok) < len(records) else questions
         summary |= {"em_ci": interval(em[questions].mean(axis=1)), "turns_ci": interval(turns[ran].mean(axis=1))}
     return summary
+
+
+def grpo_groups(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rollouts grouped as GRPO compares them: one step's rollouts of one question."""
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["step"], r.get("question")), []).append(r)
+    return list(groups.values())
+
+
+def split_advantage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What splitting earned, by question class: over the GRPO groups holding both split and whole rollouts,
+    the mean reward of the split ones minus that of the whole ones (total, and its outcome part). Its sign is
+    where GRPO pushes the policy: below zero on parallelisable questions, it is learning to stop splitting them
+    (e.g. a comparison answered as often by naming an entity of the question as by searching them all)."""
+    diffs: dict[str, dict[str, list[float]]] = {}
+    for group in grpo_groups(records):
+        split = [r["rewards"] for r in group if r["decomposed"]]
+        whole = [r["rewards"] for r in group if not r["decomposed"]]
+        if split and whole:
+            d = diffs.setdefault(group[0]["question_class"], {"total": [], "outcome": []})
+            for k, values in d.items():
+                values.append(mean([x[k] for x in split]) - mean([x[k] for x in whole]))
+    return {c: {"groups": len(d["total"])} | {k: mean(v) for k, v in d.items()} for c, d in sorted(diffs.items())}
+
+
+def summarise_rollouts(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
+    decomposition by class (``metrics.behaviour``), and the collapse signals: over- and under-search
+    (``metrics.search_need``), think length, groups with nothing to teach, the class mix and what splitting
+    earned."""
+    if not records:
+        return {"rollouts": 0}
+    sized = [[r["rewards"]["total"] for r in g] for g in grpo_groups(records) if len(g) > 1]
+    classes = Counter(r["question_class"] for r in records)
+    return {
+        "rollouts": len(records),
+        "steps": len({r["step"] for r in records}),
+        "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
+        **behaviour(records),
+        **search_need(records),
+        "think_words": think_words(records),
+        # groups whose rewards are all equal teach nothing; the mix of classes trained on
+        "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
+        "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},
+        "split_advantage": split_advantage(records),
+    }

@@ -1,7 +1,7 @@
 """Reporting an evaluation: read ``OUT/results``, aggregate it, and write the tables, plots and page.
 
 ``read_results`` takes each question's latest line; ``summarise_results`` aggregates per dataset × mode and per
-dataset × question class × mode (``episodes.aggregate``: the one set of means); ``report`` writes ``summary.json``,
+dataset × question class × mode (``episodes.aggregate``, as the benchmarks' tables); ``report`` writes ``summary.json``,
 ``report.md`` (the paper's layouts), ``plots.png`` and ``report.html`` (``ps-agent report OUT`` rebuilds the page).
 """
 

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import fields
 from typing import Any
 
 from langchain_core.runnables import Runnable
@@ -22,7 +21,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from ps_agent.configuration import AgentConfig
 from ps_agent.context import Context
 from ps_agent.policy_protocols import PROTOCOLS, Turn
 from ps_agent.protocol import SubQueryObservation, distinct_sub_queries
@@ -135,7 +133,7 @@ def _pending(turn: Turn, context: Context, deadline: float) -> PendingRound:
         searched=distinct_sub_queries(turn.sub_queries[:limit]),
         capped_from=len(turn.sub_queries) if capped else None,
         tool_call_ids=turn.tool_call_ids,
-        started_at=time.perf_counter(),
+        round_started=time.perf_counter(),
         deadline=deadline,
     )
 
@@ -194,7 +192,7 @@ async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
         searched=pending["searched"],
         capped_from=pending["capped_from"],
         results=[{k: v for k, v in h.items() if k != "texts"} for h in hits],  # type: ignore[misc]
-        latency_s=time.perf_counter() - pending["started_at"],
+        latency_s=time.perf_counter() - pending["round_started"],
     )
     update = policy_protocol.observation(pending, results, context)
     return {**update, "search_rounds": [record], "hits": None, "pending": None}
@@ -235,11 +233,3 @@ def graph_for(context: Context) -> Runnable[dict[str, Any], dict[str, Any]]:
     """``graph`` with ``context`` and its run limits bound: it runs alone or as a subgraph; a run's own
     ``context=`` replaces the bound one."""
     return graph.bind(context=context).with_config(context.limits)
-
-
-def build_graph(llm: Any = None, retriever: Any = None, config: AgentConfig | None = None) -> Runnable:
-    """``graph`` bound to ``config``'s settings on ``llm`` and ``retriever`` (objects or specs; ``config.llm`` and
-    ``config.corpus`` win when set)."""
-    settings = {f.name: getattr(config, f.name) for f in fields(config)} if config else {}
-    given = {name: value for name, value in settings.items() if value is not None}
-    return graph_for(Context(**{"llm": llm, "corpus": retriever} | given))

@@ -18,10 +18,11 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
+from ps_agent.episodes import summarise_rollouts
 from ps_agent.metrics import mean
 from ps_agent.questions import QUESTION_CLASSES
 from ps_agent.rewards import COMPONENTS
-from ps_agent.trajectories import read_trajectories, summarise_rollouts
+from ps_agent.trajectories import read_trajectories
 
 _env = Environment(loader=PackageLoader("ps_agent", "templates"), autoescape=select_autoescape(default=True))
 

@@ -2,8 +2,9 @@
 
 r = r_o + r_d + r_s + r_f — outcome (exact match), decomposition, search count and format. Everything
 is computed from the structured trajectory the agent records, never by re-parsing prompt + response.
-``outcome_reward`` … ``format_reward`` are TRL reward functions: TRL calls them with the dataset columns
-(``golden_answers``, ``question_type``) and the ``trajectory`` field the rollout function returns.
+``outcome_reward`` … ``format_reward`` are TRL reward functions: TRL calls them with the fields the rollout
+function returns (``trajectory``, ``golden_answers``, ``question_type``; ``training/rollout.py``), which replace the
+dataset's columns of the same names (dynamic sampling may have put another question in a group's place).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from ps_agent import state
 from ps_agent.metrics import exact_match
-from ps_agent.protocol import is_well_formed_turn, split_round
+from ps_agent.protocol import is_well_formed_turn
 from ps_agent.questions import class_shares, min_rounds, should_decompose, split_share
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ DEFAULT_WEIGHTS = RewardWeights()
 
 def forced(trajectory: Mapping[str, Any]) -> bool:
     """The environment pre-filled the answer after ``max_turns``: the policy never chose to answer."""
-    return any(call["action"] == "forced_answer" for call in trajectory["llm_calls"])
+    return state.forced(trajectory["llm_calls"])
 
 
 def format_valid(trajectory: Mapping[str, Any]) -> bool:
@@ -58,8 +60,8 @@ def format_valid(trajectory: Mapping[str, Any]) -> bool:
 
 
 def decomposed(trajectory: Mapping[str, Any]) -> bool:
-    """Some search round split the question (``protocol.split_round``)."""
-    return any(split_round(r["searched"]) for r in trajectory["search_rounds"])
+    """Some search round split the question (``protocol.split_round``), as the agent's stats say."""
+    return state.decomposed(trajectory["search_rounds"])
 
 
 def outcome_component(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:
@@ -84,7 +86,8 @@ def decomposition_component(trajectory: Mapping[str, Any], question_type: str | 
 
 def search_count_component(trajectory: Mapping[str, Any], question_type: str | None, w: RewardWeights) -> float:
     """r_s: one search round is ideal for parallelisable and single-hop questions, at least two for
-    sequential and hybrid ones."""
+    sequential and hybrid ones: the class's ``min_rounds``, the paper's rule, on purpose. A row's own hop count
+    (``questions.rounds_needed``, 3 for a 3-hop chain) serves only the over- and under-search metrics."""
     n, need = len(trajectory["search_rounds"]), min_rounds(question_type)
     if need > 1:  # a chain: fewer rounds than it needs costs, more do not
         return -w.search_count * abs(min(n, need) - need)

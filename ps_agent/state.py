@@ -77,8 +77,8 @@ class PendingRound(TypedDict):
     searched: list[str]
     capped_from: int | None
     tool_call_ids: list[str]
-    started_at: float
-    deadline: float  # the run's end (``time.time()``): its started_at + run_timeout_s
+    round_started: float  # ``time.perf_counter()``, for the round's latency_s
+    deadline: float  # the run's end (``time.time()``): the run's ``AgentState.started_at`` + run_timeout_s
 
 
 class Stats(TypedDict):
@@ -161,6 +161,16 @@ def _total(values: list[int | None]) -> int | None:
     return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
 
 
+def decomposed(rounds: list[SearchRound]) -> bool:
+    """Some search round split the question (``protocol.split_round``): the stat, the reward and the metrics."""
+    return any(split_round(r["searched"]) for r in rounds)
+
+
+def forced(calls: list[LLMCall]) -> bool:
+    """The environment pre-filled the answer after ``max_turns``: the policy never chose to answer."""
+    return any(c["action"] == "forced_answer" for c in calls)
+
+
 def stats_of(state: AgentState) -> Stats:
     """Run statistics, derived from the trajectory records alone."""
     calls = state.get("llm_calls", [])
@@ -169,10 +179,10 @@ def stats_of(state: AgentState) -> Stats:
         llm_calls=len(calls),
         search_rounds=len(rounds),
         sub_queries=sum(len(r["searched"]) for r in rounds),
-        decomposed=any(split_round(r["searched"]) for r in rounds),
+        decomposed=decomposed(rounds),
         invalid_turns=sum(c["action"] == "invalid" for c in calls),
         failed_searches=sum(res["error"] is not None for r in rounds for res in r["results"]),
-        forced_answer=any(c["action"] == "forced_answer" for c in calls),
+        forced_answer=forced(calls),
         prompt_tokens=_total([c["prompt_tokens"] for c in calls]),
         completion_tokens=_total([c["completion_tokens"] for c in calls]),
         latency_s=time.time() - state["started_at"] if "started_at" in state else 0.0,

@@ -6,15 +6,12 @@ import errno
 import json
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ps_agent.episodes import STATS
-from ps_agent.metrics import behaviour, mean, search_need, think_words
 from ps_agent.questions import rounds_needed
-from ps_agent.rewards import COMPONENTS
 
 logger = logging.getLogger(__name__)
 
@@ -114,50 +111,3 @@ def _current(record: dict[str, Any]) -> dict[str, Any]:
     stats = line.pop("stats")
     line["timeline"] = {"turns": line.pop("turns", []), "search_rounds": line.pop("search_rounds", [])}
     return line | {k: stats[k] for k in STATS if k in stats}
-
-
-def grpo_groups(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The rollouts grouped as GRPO compares them: one step's rollouts of one question."""
-    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r["step"], r.get("question")), []).append(r)
-    return list(groups.values())
-
-
-def split_advantage(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What splitting earned, by question class: over the GRPO groups holding both split and whole rollouts,
-    the mean reward of the split ones minus that of the whole ones (total, and its outcome part). Its sign is
-    where GRPO pushes the policy: below zero on parallelisable questions, it is learning to stop splitting them
-    (e.g. a comparison answered as often by naming an entity of the question as by searching them all)."""
-    diffs: dict[str, dict[str, list[float]]] = {}
-    for group in grpo_groups(records):
-        split = [r["rewards"] for r in group if r["decomposed"]]
-        whole = [r["rewards"] for r in group if not r["decomposed"]]
-        if split and whole:
-            d = diffs.setdefault(group[0]["question_class"], {"total": [], "outcome": []})
-            for k, values in d.items():
-                values.append(mean([x[k] for x in split]) - mean([x[k] for x in whole]))
-    return {c: {"groups": len(d["total"])} | {k: mean(v) for k, v in d.items()} for c, d in sorted(diffs.items())}
-
-
-def summarise_rollouts(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals of a trajectory log: reward components, and format, forced answers, search rounds and
-    decomposition by class (``metrics.behaviour``), and the collapse signals: over- and under-search
-    (``metrics.search_need``), think length, groups with nothing to teach, the class mix and what splitting
-    earned."""
-    if not records:
-        return {"rollouts": 0}
-    sized = [[r["rewards"]["total"] for r in g] for g in grpo_groups(records) if len(g) > 1]
-    classes = Counter(r["question_class"] for r in records)
-    return {
-        "rollouts": len(records),
-        "steps": len({r["step"] for r in records}),
-        "rewards": {k: mean([r["rewards"][k] for r in records]) for k in (*COMPONENTS, "total")},
-        **behaviour(records),
-        **search_need(records),
-        "think_words": think_words(records),
-        # groups whose rewards are all equal teach nothing; the mix of classes trained on
-        "zero_std_groups": mean([float(max(t) - min(t) < 1e-9) for t in sized]),
-        "class_mix": {c: n / len(records) for c, n in sorted(classes.items())},
-        "split_advantage": split_advantage(records),
-    }

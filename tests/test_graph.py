@@ -457,7 +457,7 @@ def test_trajectory_and_stats_are_consistent():
 def _without_timings(value):
     """State values with what differs from run to run (times, message ids) left out."""
     if isinstance(value, dict):
-        skipped = {"latency_s", "started_at", "deadline", "id"}
+        skipped = {"latency_s", "started_at", "round_started", "deadline", "id"}
         return {k: _without_timings(v) for k, v in value.items() if k not in skipped}
     if isinstance(value, list | tuple):
         return [_without_timings(v) for v in value]

@@ -21,9 +21,10 @@ import httpx
 import pytest
 
 from ps_agent.configuration import AgentConfig
+from ps_agent.episodes import summarise_rollouts
 from ps_agent.questions import SHARED_DATA
 from ps_agent.testing import SleepyRetriever
-from ps_agent.trajectories import TrajectoryLog, read_trajectories, summarise_rollouts
+from ps_agent.trajectories import TrajectoryLog, read_trajectories
 from training.data import DataError, load_questions, read_jsonl, to_row
 from training.rollout import AgentRollout, RolloutSettings, token_sequences
 
@@ -239,6 +240,21 @@ class ScriptedAnswers:
         text = f"<think>I know this.</think>\n<answer>{answer}</answer>"
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         return Completion(text, prompt[-1]["content"], None, len(ids), ids, [-0.1] * len(ids), "stop")
+
+
+def test_the_builtin_comparisons_are_answerable_from_the_embedded_corpus():
+    """Two asked who was born first of people whose summaries give no birth year, and one a length the corpus
+    calls disputed: GRPO's default questions rewarded a guess."""
+    from ps_agent.retrieval.corpus import load_embedded_corpus
+    from training.data import BUILTIN_QUESTIONS
+
+    summaries = {p.title: p.text for p in load_embedded_corpus()}
+    comparisons = [q for q in BUILTIN_QUESTIONS if q["type"] == "comparison"]
+    assert len(comparisons) == 8 and all(len(q["facts"]) == 2 for q in comparisons)
+    for q in comparisons:
+        for title, words in q["facts"]:
+            assert words in summaries[title], (q["question"], title, words)
+        assert any(q["golden_answers"][0].removeprefix("The ") in title for title, _ in q["facts"][:1]), q
 
 
 def test_grpo_on_a_shared_benchmark_file_trains_on_its_train_part_only(tiny_model, tmp_path):

@@ -51,9 +51,8 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
 from ps_agent.llms.vllm_server import serve_in_process_model
-from ps_agent.metrics import exact_match
 from ps_agent.questions import QUESTION_CLASSES, class_shares, question_class, read_jsonl, yes_no
-from ps_agent.rewards import forced
+from ps_agent.rewards import outcome_component
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
 from training.plans import SHARED_SETS, gold_questions
@@ -221,13 +220,14 @@ def reused_pass_rates(path: Path, settings: dict[str, Any], parser: argparse.Arg
 
 
 def outcome(out: Any, row: dict[str, Any]) -> float:
-    """EM of one rollout; a forced answer, or a run that failed (e.g. its context filled the window), earns 0."""
+    """The outcome reward r_o of one rollout (EM; a forced answer earns 0), or 0 for a run that failed (e.g. its
+    context filled the window)."""
     if isinstance(out, AgentError):
         logger.warning("a rollout of %s failed, counted as unanswered: %s", row["id"], out)
         return 0.0
     if isinstance(out, BaseException):
         raise out
-    return 0.0 if forced(out["trajectory"]) else exact_match(out["answer"], row["golden_answers"])
+    return outcome_component(out["trajectory"], row["golden_answers"])
 
 
 async def sampled_pass_rates(

@@ -28,11 +28,11 @@ import torch
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
-from ps_agent.episodes import episode_record
+from ps_agent.episodes import episode_record, summarise_rollouts
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, reward_components
-from ps_agent.trajectories import TrajectoryLog, summarise_rollouts
+from ps_agent.trajectories import TrajectoryLog
 from training.signals import ctrl_c_interrupts
 from training.trl_vllm import TRLVLLMPolicy
 from training.weight_sync import WeightSync
