@@ -179,9 +179,9 @@ def eval_command(
         try:
             evaluate(data, out, settings)
         except EvalFailed:  # every question failed: the report says why, then the one error line
-            console.print(plain((out / "report.md").read_text()))
+            console.print(plain((out / "report.md").read_text()), soft_wrap=True)  # markdown lines kept whole
             raise
-    console.print(plain((out / "report.md").read_text()))
+    console.print(plain((out / "report.md").read_text()), soft_wrap=True)  # markdown lines kept whole
 
 
 @app.command()
