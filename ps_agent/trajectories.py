@@ -94,9 +94,14 @@ def keep_previous_logs(run_dir: str | Path) -> Path | None:
     return kept
 
 
+#: what every logged rollout has, in each shape it was ever logged in (a line without them is skipped, named)
+ROLLOUT_KEYS = ("step", "question_class", "rewards")
+
+
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every logged rollout of a run (all processes), as ``episodes.episode_record`` shapes it."""
-    return [_current(r) for r in read_records(sorted(Path(run_dir).glob("trajectories*.jsonl")))]
+    paths = sorted(Path(run_dir).glob("trajectories*.jsonl"))
+    return [_current(r) for r in read_records(paths, required=ROLLOUT_KEYS)]
 
 
 def _current(record: dict[str, Any]) -> dict[str, Any]:

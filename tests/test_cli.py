@@ -149,6 +149,8 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
         "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.0), "format_valid": True, "decomposed": False,
         "forced_answer": False, "search_rounds": 1,
     })  # fmt: skip
+    with (tmp_path / "trajectories-0.jsonl").open("a") as log:
+        log.write('{"step": 4}\n')  # not a rollout: a KeyError traceback
     result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert re.search(r"split − whole/parallelisable \(n=1\) *│ *\+0\.500", result.output), result.output

@@ -452,9 +452,10 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     from training.run_grpo import main
 
     out = tmp_path / "run"
-    TrajectoryLog(out / "trajectories-0.jsonl").append({"step": 0, "killed": "before its first checkpoint"})
+    earlier = {"step": 0, "question_class": "single-hop", "rewards": {}, "killed": "before its first checkpoint"}
+    TrajectoryLog(out / "trajectories-0.jsonl").append(earlier)
     final = main(grpo_args(tiny_model, out, "--max_steps", "2"))  # a fresh run: the earlier log is kept aside
-    assert read_trajectories(out / "previous-1") == [{"step": 0, "killed": "before its first checkpoint"}]
+    assert read_trajectories(out / "previous-1") == [earlier | {"rounds_needed": 1}]
     assert (final / "adapter_model.safetensors").is_file()
     assert (out / "checkpoint-2").is_dir()
     assert list((out / "runs").rglob("events.out.tfevents.*"))
