@@ -240,7 +240,6 @@ async def sampled_pass_rates(
     for start in range(0, len(rows), questions):
         part = rows[start : start + questions]
         tried = [row for row in part for _ in range(k)]
-        policy.expected = len(tried)  # hf: every active rollout's turn in one batch
         outs = await run_agents(tried, policy, settings, return_exceptions=True)
         rates = pass_rates([outcome(out, row) for row, out in zip(tried, outs, strict=True)], k)
         with progress.open("a") as f:

@@ -162,15 +162,13 @@ def rollout_policy(settings: RolloutSettings, trainer: Any, rollouts: int, sync:
     if settings.backend == "hf":
         model = trainer.accelerator.unwrap_model(trainer.model)
         bf16 = getattr(getattr(trainer, "args", None), "bf16", False)  # generate in the precision it trains in
-        policy = TransformersPolicy(
+        return TransformersPolicy(
             model,
             trainer.processing_class,
             temperature=settings.temperature,
             top_p=settings.top_p,
             autocast=torch.bfloat16 if bf16 else None,
         )
-        policy.expected = rollouts  # gather every active rollout's turn into one batch
-        return policy
     if settings.backend == "openai":
         return OpenAICompletionsPolicy(
             settings.openai_base_url,
@@ -317,6 +315,8 @@ async def run_agents(
     runs = [agents[row.get("corpus")].ainvoke({"question": row["question"]}) for row in rows]
     if isinstance(policy, TRLVLLMPolicy):
         return await policy.run(runs)
+    if isinstance(policy, TransformersPolicy):
+        policy.expected = len(runs)  # every active rollout's turn in one batch (a resampled group's too)
 
     async def one(run: Any) -> dict[str, Any]:
         try:
