@@ -833,7 +833,7 @@ def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_ch
     import torch
     from safetensors.torch import save_file
 
-    from training.checkpoints import rows_record
+    from training.checkpoints import checked_resume, rows_record
     from training.run_grpo import prepare_trajectory_logs
 
     for step in (1, 2, 3):
@@ -845,31 +845,34 @@ def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_ch
             save_file({"lora_A": torch.zeros(1)}, tmp_path / f"checkpoint-{step}" / "adapter_model.safetensors")
     log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
     for step in (0, 1, 2, 3):
-        log.append({"step": step})
+        log.append({"step": step, "question_class": "single-hop", "rewards": {}})
+
+    def logged_steps() -> list[int]:
+        return [r["step"] for r in read_trajectories(tmp_path)]
+
     other_base = (
         r"checkpoint-2 is an adapter of base model 'qwen2\.5-coder-0\.5b-instruct', but this run trains '.*smoll"
     )
-    with pytest.raises(SystemExit, match=other_base):
-        prepare_trajectory_logs(str(tmp_path), "True", "/cache/smollm2-135m-instruct")
-    assert len(read_trajectories(tmp_path)) == 4  # refused before any logged rollout was dropped
     same_base = "/cache/qwen2.5-coder-0.5b-instruct"
     trained_on = rows_record("mix.jsonl", [{"question": "A?"}, {"question": "B?"}], seed=0)
+    with pytest.raises(SystemExit, match=other_base):
+        checked_resume(str(tmp_path), "True", "/cache/smollm2-135m-instruct", trained_on)
     (tmp_path / "checkpoint-2" / "episodes.json").write_text(json.dumps(trained_on))
     with pytest.raises(SystemExit, match=r"checkpoint-2 was trained on mix\.jsonl \(sha256 \w+\), but the episodes"):
-        prepare_trajectory_logs(str(tmp_path), "True", same_base, rows_record("mix.jsonl", [{"question": "A?"}], 0))
+        checked_resume(str(tmp_path), "True", same_base, rows_record("mix.jsonl", [{"question": "A?"}], 0))
     with pytest.raises(SystemExit, match=r"checkpoint-2 was trained with --seed 0, but this run has --seed 1"):
-        prepare_trajectory_logs(str(tmp_path), "True", same_base, {**trained_on, "seed": 1})
-    assert len(read_trajectories(tmp_path)) == 4  # refused before any logged rollout was dropped
-    assert prepare_trajectory_logs(str(tmp_path), "True", same_base, trained_on) == str(tmp_path / "checkpoint-2")
-    assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]
+        checked_resume(str(tmp_path), "True", same_base, {**trained_on, "seed": 1})
+    resume = checked_resume(str(tmp_path), "True", same_base, trained_on)
+    assert resume == str(tmp_path / "checkpoint-2") and logged_steps() == [0, 1, 2, 3]  # no log touched
+    prepare_trajectory_logs(str(tmp_path), resume)
+    assert logged_steps() == [0, 1]  # steps 2 and 3 are redone
     with pytest.raises(SystemExit, match=r"holds no trainer_state\.json"):
-        prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-9"))
+        checked_resume(str(tmp_path), str(tmp_path / "checkpoint-9"), same_base, trained_on)
     with pytest.raises(SystemExit, match=r"checkpoint-3 holds no weights"):
-        prepare_trajectory_logs(str(tmp_path), str(tmp_path / "checkpoint-3"))
+        checked_resume(str(tmp_path), str(tmp_path / "checkpoint-3"), same_base, trained_on)
     fresh = r"holds an earlier run's checkpoints \(checkpoint-3, checkpoint-2, checkpoint-1\).*--resume_from_checkpoint"
     with pytest.raises(SystemExit, match=fresh):  # else a later resume would pick up the earlier run's newest step
-        prepare_trajectory_logs(str(tmp_path), None)
-    assert read_trajectories(tmp_path) == [{"step": 0}, {"step": 1}]  # refused before the logs were moved
+        checked_resume(str(tmp_path), None, same_base, trained_on)
 
 
 def test_init_adapter_continues_the_shipped_sft_policy_and_refuses_another_base(smollm2_path, tmp_path):

@@ -143,6 +143,17 @@ def incomplete(folder: Path) -> str | None:
     return None
 
 
+def checked_resume(
+    output_dir: str | Path, resume_from_checkpoint: str | bool | None, base: str | Path | None, record: dict[str, Any]
+) -> str | None:
+    """The checkpoint a run resumes from (``resume_checkpoint``), refused when it is an adapter of another ``base``
+    or was trained on other episodes or questions (``record``: ``episodes_record`` or ``rows_record``)."""
+    resume = resume_checkpoint(output_dir, resume_from_checkpoint, base)
+    if resume is not None:
+        check_same_episodes(resume, record)  # a resume skips the batches it trained on, by position
+    return resume
+
+
 def check_same_base(checkpoint: str | Path, base: str | Path) -> None:
     """Refuse to resume the adapter ``checkpoint`` on a base model other than the one it records
     (``ps_agent.llms.adapters.same_base``, as a shipped adapter's is checked); a full-model checkpoint, which records

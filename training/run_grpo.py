@@ -22,7 +22,6 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,13 +32,7 @@ from ps_agent.questions import SHARED_DATA
 from ps_agent.rewards import RewardWeights, choose_alpha, reward_functions
 from ps_agent.trajectories import forget_steps_from, keep_previous_logs
 from training.arguments import AgentArguments, ModelArguments, agent_config, new_lora
-from training.checkpoints import (
-    check_same_episodes,
-    epoch_seeded,
-    record_in_checkpoints,
-    resume_checkpoint,
-    rows_record,
-)
+from training.checkpoints import checked_resume, epoch_seeded, record_in_checkpoints, rows_record
 from training.data import load_questions, to_dataset
 from training.plans import restore_corpora
 from training.precision import device_defaults, skip_nonfinite_steps
@@ -136,29 +129,17 @@ class ParallelSearchArguments(ModelArguments, AgentArguments):
     )
 
 
-def prepare_trajectory_logs(
-    output_dir: str,
-    resume_from_checkpoint: str | bool | None,
-    base: str | Path | None = None,
-    questions: dict[str, Any] | None = None,
-) -> str | None:
-    """Each step's rollouts are logged once: a resumed run drops the logged rollouts of the steps it redoes;
-    a fresh run moves an earlier run's logs into ``previous-N/``. Returns the checkpoint to resume from
-    (``True`` resolved to the newest one), refused before any log is touched when it is an adapter of another
-    ``base`` model or was trained on other ``questions`` (``checkpoints.rows_record``)."""
-    resume = resume_checkpoint(output_dir, resume_from_checkpoint, base)
-    if resume is not None and questions is not None:
-        check_same_episodes(resume, questions)  # a resume skips the batches it trained on, by position
+def prepare_trajectory_logs(output_dir: str, resume: str | None) -> None:
+    """Each step's rollouts are logged once: a run resumed from ``resume`` (a checkpoint) drops the logged
+    rollouts of the steps it redoes; a fresh run moves an earlier run's logs into ``previous-N/``."""
     if resume is None:
         kept = keep_previous_logs(output_dir)
         if kept:
             logger.info("fresh run in %s: the earlier run's trajectory logs moved to %s", output_dir, kept)
-        return None
-    checkpoint = Path(resume)
-    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        return
+    step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
     dropped = forget_steps_from(output_dir, step)
     logger.info("resuming at step %d: %d logged rollouts of steps >= %d are redone", step, dropped, step)
-    return str(checkpoint)
 
 
 def use_demonstration(args: ParallelSearchArguments) -> bool:
@@ -235,7 +216,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     questions = rows_record(str(args.data), rows, config.seed)
     restore_corpora(rows)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
-    resume = prepare_trajectory_logs(config.output_dir, config.resume_from_checkpoint, path, questions)
+    resume = checked_resume(config.output_dir, config.resume_from_checkpoint, path, questions)  # before any log moves
+    prepare_trajectory_logs(config.output_dir, resume)
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
         stack.enter_context(sigterm_unwinds())
         server = None

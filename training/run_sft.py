@@ -34,13 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.arguments import ModelArguments, new_lora
-from training.checkpoints import (
-    check_same_episodes,
-    episodes_record,
-    record_in_checkpoints,
-    resume_checkpoint,
-    save_adapter_weights,
-)
+from training.checkpoints import checked_resume, episodes_record, record_in_checkpoints, save_adapter_weights
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.trained_positions import next_token_loss
 
@@ -171,9 +165,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         )
     logger.info("%d episodes, %d tokens, %d trained", len(rows), *_token_counts(rows))
     episodes = episodes_record(args.episodes, args.limit, config.seed)
-    resume = resume_checkpoint(config.output_dir, config.resume_from_checkpoint, path)  # refused before loading
-    if resume:
-        check_same_episodes(resume, episodes)
+    resume = checked_resume(config.output_dir, config.resume_from_checkpoint, path, episodes)  # before loading
     peft_config = new_lora(args)
     if args.init_adapter:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
