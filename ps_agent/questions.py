@@ -130,10 +130,15 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
         golden = [golden]
     if not isinstance(golden, list) or not golden or not all(isinstance(g, str) and g.strip() for g in golden):
         raise DataError(f"{where}: missing or empty 'golden_answers' (expected a non-empty list of strings)")
-    question_type = raw.get("type") or None
-    if question_type is not None and (not isinstance(question_type, str) or question_type not in known_types):
+    question_type = raw.get("type")
+    metadata = raw.get("metadata")
+    if question_type is None and isinstance(metadata, Mapping):  # FlashRAG's rows keep it there
+        question_type = metadata.get("type")
+    if question_type in (None, "", "none"):
+        question_type = None
+    elif not isinstance(question_type, str) or question_type not in known_types:
         raise DataError(
-            f"{where}: unknown question type {question_type!r}; expected none (single-hop) or one of "
+            f"{where}: unknown question type {question_type!r}; expected none or no type (single-hop) or one of "
             f"{sorted(known_types)}"
         )
     row = {

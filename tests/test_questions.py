@@ -85,3 +85,19 @@ def test_a_split_part_is_read_from_checked_lines(tmp_path):
     path.write_text(path.read_text() + json.dumps({"id": "q9", "question": "Q9?", "golden_answers": None}) + "\n")
     with pytest.raises(DataError, match=r"dev\.jsonl:7: missing or empty 'golden_answers'"):
         read_split(path, "train")
+
+
+def test_flashrag_rows_keep_their_type_in_metadata_and_none_is_single_hop(tmp_path):
+    """FlashRAG's rows keep the type in metadata.type: they loaded as single-hop, so a right split of a comparison
+    earned no decomposition reward; "type": "none", which the error message offered, was refused."""
+    path = tmp_path / "q.jsonl"
+    rows = [
+        {"id": "a", "question": "Older, A or B?", "golden_answers": ["A"], "metadata": {"type": "comparison"}},
+        {"id": "b", "question": "Who?", "golden_answers": ["C"], "type": "none"},
+        {"id": "c", "question": "Who?", "golden_answers": ["C"], "type": False},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert [r["question_type"] for r in read_jsonl(path)] == ["comparison", None]
+    path.write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(DataError, match=r"q\.jsonl:1: unknown question type False"):  # was taken as single-hop
+        read_jsonl(path)
