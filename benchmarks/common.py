@@ -18,6 +18,7 @@ import contextlib
 import json
 import random
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ def held_out_sets(out: Path, per_set: int, seed: int = 0) -> dict[str, Path]:
 
 WITH_CORPUS = ("hotpotqa", "2wikimultihopqa", "musique")
 EMBEDDED_CORPUS = ("bamboogle", "nq")
+SETS = ("synthetic", *WITH_CORPUS, *EMBEDDED_CORPUS)  # what validation_sets draws from
 
 
 def validation_sets(
@@ -229,42 +231,55 @@ class Run:
         return cls(name, Path(folder), mode or "parallel")
 
     def records(self, sets: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """The latest line of each question of this run's mode that ran without error; ``sets``: of only these
-        datasets (a run with none of them is refused, naming the ones it has)."""
+        """The latest line of each question of this run's mode (an errored one scores 0 in EM, as in
+        ``episodes.aggregate``); ``sets``: of only these datasets (a run with none of them is refused, naming the
+        ones it has)."""
         if not (self.folder / "results").is_dir():
             raise ValueError(f"{self.folder} has no results/ folder (expected a `ps-agent eval` output folder)")
-        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is None]
+        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode]
         if not lines:
-            raise ValueError(f"no {self.mode}-mode result lines without error in {self.folder}/results")
+            raise ValueError(f"no {self.mode}-mode result lines in {self.folder}/results")
         if sets and not any(r["dataset"] in sets for r in lines):
             have = ", ".join(sorted({r["dataset"] for r in lines}))
             raise ValueError(f"--sets {','.join(sets)}: run {self.name!r} has no line of these sets (it has: {have})")
         return [r for r in lines if r["dataset"] in sets] if sets else lines
 
     def errors(self, sets: Sequence[str] | None = None) -> list[str]:
-        """The questions of this run's mode (and of ``sets``) whose latest line ended in an error (``records``
-        leaves them out), as ``DATASET ID: ERROR``."""
+        """The questions of this run's mode (and of ``sets``) whose latest line ended in an error (scored 0 in
+        EM, left out of the behaviour columns), as ``DATASET ID: ERROR``."""
         lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is not None]
         return [f"{r['dataset']} {r['id']}: {r['error']}" for r in lines if not sets or r["dataset"] in sets]
 
 
+def cell_rng(seed: int, *cell: str) -> np.random.Generator:
+    """The resampling of one table cell, seeded by ``seed`` and the cell's name: its interval does not depend on
+    which models, or which cells, were drawn before it."""
+    return np.random.default_rng([seed, zlib.crc32("/".join(cell).encode())])
+
+
+def _em(record: dict[str, Any]) -> float:
+    return 0.0 if record["error"] is not None else 100.0 * record["em"]
+
+
 def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
-    """Ours minus the baseline in EM, and ours over the baseline in turns, on the questions both ran."""
+    """Ours minus the baseline in EM (an errored question scores 0) on the questions both were asked, and ours over
+    the baseline in turns on those both ran."""
     theirs = {(r["dataset"], r["id"]): r for r in baseline}
     pairs = [(r, theirs[(r["dataset"], r["id"])]) for r in ours if (r["dataset"], r["id"]) in theirs]
     if not pairs:
         return None
-    em = np.array([[100.0 * a["em"], 100.0 * b["em"]] for a, b in pairs])
-    turns = np.array([[float(a["llm_calls"]), float(b["llm_calls"])] for a, b in pairs])
+    em_diff = np.array([_em(a) - _em(b) for a, b in pairs])
     resamples = rng.integers(0, len(pairs), size=(bootstrap, len(pairs)))
-    em_diff = em[:, 0] - em[:, 1]
-    ratios = turns[resamples, 0].sum(axis=1) / turns[resamples, 1].sum(axis=1)
+    ran = [(a, b) for a, b in pairs if a["error"] is None and b["error"] is None]
+    turns = np.array([[float(a["llm_calls"]), float(b["llm_calls"])] for a, b in ran]).reshape(-1, 2)
+    both = resamples if len(ran) == len(pairs) else rng.integers(0, len(ran), size=(bootstrap, len(ran)))
+    ratios = turns[both, 0].sum(axis=1) / turns[both, 1].sum(axis=1) if len(ran) else None
     return {
         "n": len(pairs),
         "em_diff": float(em_diff.mean()),
         "em_diff_ci": interval(em_diff[resamples].mean(axis=1)),
-        "turns_ratio": float(turns[:, 0].sum() / turns[:, 1].sum()),
-        "turns_ratio_ci": interval(ratios),
+        "turns_ratio": float(turns[:, 0].sum() / turns[:, 1].sum()) if len(ran) else None,
+        "turns_ratio_ci": interval(ratios) if len(ran) else None,
     }
 
 
@@ -275,21 +290,36 @@ def compare(
     bootstrap: int,
     seed: int = 0,
     sets: Sequence[str] | None = None,
+    questions: set[tuple[str, str]] | None = None,
 ) -> dict:
     """Every table, as data: ``by_class`` (Table 3), ``by_dataset`` (Table 2), ``pooled`` (Table 4: per question
     class over all datasets, and ``all``) and ``ours_vs_baseline`` (per dataset and class, then per class over
-    every set: ``every set/CLASS``). ``sets``: only these datasets' lines, so that the pooled rows are over them
-    (the 65 real comparisons of HotpotQA and 2Wiki, without the synthetic world's)."""
-    rng = np.random.default_rng(seed)
+    every set: ``every set/CLASS``), over the questions every run was asked (``not_shared`` counts each run's
+    others: a model's EM on other questions would not compare). ``sets``: only these datasets' lines, so that the
+    pooled rows are over them (the 65 real comparisons of HotpotQA and 2Wiki, without the synthetic world's);
+    ``questions``: only these (dataset, id), the ones a command evaluated. Each cell's interval has its own seeded
+    resampling (``cell_rng``)."""
     lines = {run.name: run.records(sets) for run in runs}
+    if questions is not None:  # those the command evaluated (--classes, --limit, --nq), not all the folder holds
+        lines = {name: [r for r in rs if (r["dataset"], r["id"]) in questions] for name, rs in lines.items()}
+    asked = [{(r["dataset"], r["id"]) for r in records} for records in lines.values()]
+    shared = set.intersection(*asked) if asked else set()
+    if not shared:
+        raise ValueError(f"the runs {', '.join(lines)} share no question: expected runs on the same question sets")
+    not_shared = {name: sum((r["dataset"], r["id"]) not in shared for r in records) for name, records in lines.items()}
+    lines = {name: [r for r in records if (r["dataset"], r["id"]) in shared] for name, records in lines.items()}
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {
-        "runs": {r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors(sets)} for r in runs}
+        "runs": {
+            r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors(sets)}
+            | {"not_shared": not_shared[r.name]}
+            for r in runs
+        }
     }
     result["by_class"], result["by_dataset"], result["ours_vs_baseline"] = {}, {}, {}
     for dataset in datasets:
         result["by_dataset"][dataset] = {
-            name: aggregate([r for r in records if r["dataset"] == dataset], bootstrap, rng)
+            name: aggregate([r for r in records if r["dataset"] == dataset], bootstrap, cell_rng(seed, dataset, name))
             for name, records in lines.items()
             if any(r["dataset"] == dataset for r in records)
         }
@@ -302,24 +332,35 @@ def compare(
             if not subset:
                 continue
             key = f"{dataset}/{cls}"
-            result["by_class"][key] = {name: aggregate(records, bootstrap, rng) for name, records in subset.items()}
+            result["by_class"][key] = {
+                name: aggregate(records, bootstrap, cell_rng(seed, key, name)) for name, records in subset.items()
+            }
             if ours in subset and baseline in subset:
-                result["ours_vs_baseline"][key] = paired(subset[ours], subset[baseline], rng, bootstrap)
-    # drawn after the per-dataset tables, so their intervals stay those of the earlier results files
-    result["pooled"] = {"all": {name: aggregate(records, bootstrap, rng) for name, records in lines.items()}}
+                pair_rng = cell_rng(seed, key, ours, baseline)
+                result["ours_vs_baseline"][key] = paired(subset[ours], subset[baseline], pair_rng, bootstrap)
+    result["pooled"] = {
+        "all": {name: aggregate(records, bootstrap, cell_rng(seed, "all", name)) for name, records in lines.items()}
+    }
     for cls in QUESTION_CLASSES:
         subset = {name: [r for r in records if r["question_class"] == cls] for name, records in lines.items()}
         if any(subset.values()):
-            result["pooled"][cls] = {name: aggregate(rs, bootstrap, rng) for name, rs in subset.items() if rs}
+            result["pooled"][cls] = {
+                name: aggregate(rs, bootstrap, cell_rng(seed, cls, name)) for name, rs in subset.items() if rs
+            }
+            pair_rng = cell_rng(seed, "every set", cls, str(ours), str(baseline))
             pair = (
-                paired(subset[ours], subset[baseline], rng, bootstrap) if ours in lines and baseline in lines else None
+                paired(subset[ours], subset[baseline], pair_rng, bootstrap)
+                if ours in lines and baseline in lines
+                else None
             )
             if pair:  # the paper's Table 3 pools its benchmarks: ours vs the baseline per class over every set
                 result["ours_vs_baseline"][f"every set/{cls}"] = pair
     return result
 
 
-def _ci(value: float, ci: list[float], digits: int = 1) -> str:
+def _ci(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
+    if value is None or ci is None:
+        return "–"  # nothing to measure: e.g. no question both runs ran without error
     return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
@@ -329,7 +370,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
     lines = ["# Our models side by side (the paper's Tables 2 and 3)", "", f"`{command}`", ""]
     for n, r in result["runs"].items():
         lines.append(f"- **{n}**: `{r['folder']}`, {r['mode']} mode")
-        lines += [f"  - left out, its run ended in an error: {error}" for error in r.get("errors", [])]
+        lines += [f"  - its run ended in an error (EM 0): {error}" for error in r.get("errors", [])]
+        if r.get("not_shared"):
+            lines.append(f"  - left out: {r['not_shared']} questions not every run was asked")
     lines += ["", "## Per dataset and question class (Table 3 layout; 95% bootstrap intervals)", ""]
     lines += ["| dataset / class | model | n | EM | decomp. % | s/question | turns |", "|---|---|---|---|---|---|---|"]
     for key, by_model in result["by_class"].items():
@@ -414,20 +457,24 @@ def paper_tables(
     out: Path,
     seed: int = 0,
     sets: Sequence[str] | None = None,
+    questions: set[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Every table (``compare``) written to ``OUT.json``, ``OUT.md`` and ``figure(OUT)``, with the ``paper_table.py``
-    command that makes them again from the same eval folders."""
+    command that makes them again from the same eval folders (``questions``, a policy table's choice of questions,
+    has no such flag: its own command is the one to rerun)."""
     known = {run.name for run in runs}
+    if (ours is None) != (baseline is None):
+        raise ValueError("give --ours and --baseline together: the paired comparison needs both")
     for flag, name in (("--ours", ours), ("--baseline", baseline)):
         if name is not None and name not in known:
             raise ValueError(f"{flag} {name!r} is not a --run name (expected one of {', '.join(sorted(known))})")
     if bootstrap < 100:
         raise ValueError(f"--bootstrap must be at least 100 resamples for a 95% interval, got {bootstrap}")
-    result = compare(runs, ours, baseline, bootstrap, seed, sets)
+    result = compare(runs, ours, baseline, bootstrap, seed, sets, questions)
     flags = [f"--run {run.name}={run.folder}:{run.mode}" for run in runs]
     flags += [f"--sets {','.join(sets)}"] if sets else []
     flags += [f"{flag} {name}" for flag, name in (("--ours", ours), ("--baseline", baseline)) if name is not None]
-    flags += [f"--bootstrap {bootstrap}", f"--out {out}"]
+    flags += [f"--bootstrap {bootstrap}", f"--seed {seed}", f"--out {out}"]
     result["command"] = " ".join(["python benchmarks/paper_table.py", *flags])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -27,14 +27,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, Run, answer, paper_tables, parse_policy, validation_sets  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    SETS,
+    Run,
+    answer,
+    cell_rng,
+    paper_tables,
+    parse_policy,
+    validation_sets,
+)
 from ps_agent.episodes import aggregate  # noqa: E402
-from ps_agent.questions import yes_no  # noqa: E402
+from ps_agent.questions import QUESTION_CLASSES, read_jsonl, yes_no  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
 
 
@@ -75,15 +82,16 @@ def commands(folder: Path) -> list[str]:
     return made
 
 
-def rows(name: str, records: list[dict[str, Any]], bootstrap: int, rng: np.random.Generator) -> list[dict]:
-    """Per dataset and question class (and ``all``), the policy's numbers (``episodes.aggregate``)."""
+def rows(name: str, records: list[dict[str, Any]], bootstrap: int, seed: int = 0) -> list[dict]:
+    """Per dataset and question class (and ``all``), the policy's numbers (``episodes.aggregate``), each interval
+    resampled on its own (``cell_rng``: the same whichever policies are tabled beside it)."""
     out = []
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["dataset"], "all"), []).append(r)
         groups.setdefault((r["dataset"], r["question_class"]), []).append(r)
     for (dataset, cls), group in sorted(groups.items()):
-        a = aggregate(group, bootstrap, rng)
+        a = aggregate(group, bootstrap, cell_rng(seed, name, dataset, cls))
         out.append({
             "policy": name, "dataset": dataset, "class": cls, "n": a["n"],
             "em": a["em"], "em_low": a["em_ci"][0], "em_high": a["em_ci"][1], "f1": a["f1"],
@@ -126,7 +134,7 @@ def yes_no_markdown(table: list[dict]) -> str:
 
 
 def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict[str, list[str]] | None = None) -> str:
-    """The table page; ``errors``: per policy, the questions whose run ended in an error (left out of its rows)."""
+    """The table page; ``errors``: per policy, the questions whose run ended in an error (EM 0 in its rows)."""
     head = (
         "| policy | set | class | n | EM % [95% CI] | F1 % | split % | ≥2 rounds % | LLM calls | s/question "
         "| format % | forced % |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -141,7 +149,7 @@ def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict
     made = "".join(f"- {name}: `{how}`\n" for name, how in runs.items())
     failed = "".join(f"- {name}: {error}\n" for name, listed in (errors or {}).items() for error in listed)
     if failed:
-        failed = f"\nLeft out of the rows, questions whose run ended in an error:\n\n{failed}"
+        failed = f"\nQuestions whose run ended in an error (EM 0 in their rows):\n\n{failed}"
     return (
         f"`{command}`\n\nEach policy's evaluation, as its eval folder records it:\n\n{made}{failed}\n{note}\n\n{head}"
         + ("\n".join(lines) + "\n")
@@ -175,13 +183,15 @@ def main() -> None:
     args = parser.parse_args()
     concurrency = args.concurrency or (96 if args.device.startswith("cuda") else 16)
     policies = [parse_policy(p) for p in args.policy]
+    classes = set(c.strip() for c in args.classes.split(",")) if args.classes else None
+    names = sorted({n.strip() for n in args.sets.split(",")}) if args.sets else None
+    check_choices(parser, args, [name for name, _, _ in policies], classes, names)  # before hours of evaluation
     started = time.time()
-    classes = set(args.classes.split(",")) if args.classes else None
-    names = sorted(set(args.sets.split(","))) if args.sets else None
     folder = args.run_dir / ("sets" if classes is None else f"sets-{'-'.join(sorted(classes))}")
-    sets = {} if args.tables_only else validation_sets(folder, args.nq, classes, names)
+    sets = validation_sets(folder, args.nq, classes, names)
+    # the tables are of the questions this command names, not of every line a folder kept from earlier commands
+    questions = {(name, row["id"]) for name, path in sets.items() for row in read_jsonl(path)[: args.limit]}
     runs, table, yes_no, made, errors = [], [], [], {}, {}
-    rng = np.random.default_rng(0)
     for name, spec, mode in policies:
         if not args.tables_only:
             before = answered(args.run_dir / name)
@@ -190,12 +200,11 @@ def main() -> None:
             added = [d for d in sets if after.get(d, 0) > before.get(d, 0)]
             record_devices(args.run_dir / name, added, args.device)
         run = Run(name, args.run_dir / name, mode)
-        records, errors[name] = run.records(names), run.errors(names)  # the tables, like the evaluation: only --sets
+        records = [r for r in run.records(names) if (r["dataset"], r["id"]) in questions]
+        errors[name] = [e for e in run.errors(names) if tuple(e.split(": ")[0].split(" ", 1)) in questions]
         made[name] = "`, then `".join(commands(args.run_dir / name))
         devices = recorded_devices(args.run_dir / name)
-        table += [
-            row | {"device": devices.get(row["dataset"], "?")} for row in rows(name, records, args.bootstrap, rng)
-        ]
+        table += [row | {"device": devices.get(row["dataset"], "?")} for row in rows(name, records, args.bootstrap)]
         yes_no += yes_no_answers(name, records)
         runs.append(run)
         print(f"{name}: {len(records)} questions, {(time.time() - started) / 60:.1f} min", flush=True)
@@ -204,8 +213,32 @@ def main() -> None:
     result = {"command": command, "rows": table, "yes_no": yes_no, "errors": errors}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(table, command, made, errors) + yes_no_markdown(yes_no))
-    compared = (args.ours, args.baseline) if args.ours and args.baseline else (None, None)
-    paper_tables(runs, *compared, args.bootstrap, args.out.with_name(args.out.name + "_paper"), sets=names)
+    paper = args.out.with_name(args.out.name + "_paper")
+    paper_tables(runs, args.ours, args.baseline, args.bootstrap, paper, sets=names, questions=questions)
+
+
+def check_choices(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    policies: list[str],
+    classes: set[str] | None,
+    names: list[str] | None,
+) -> None:
+    """Refuse what would fail, or be silently ignored, only after the evaluation: a typo in a class, set or
+    policy name, --ours without --baseline, too few resamples for a 95% interval, a --limit below 1."""
+    if classes and classes - set(QUESTION_CLASSES):
+        parser.error(f"--classes {','.join(sorted(classes))}: expected some of {', '.join(QUESTION_CLASSES)}")
+    if names and set(names) - set(SETS):
+        parser.error(f"--sets {','.join(names)}: expected some of {', '.join(SETS)}")
+    if (args.ours is None) != (args.baseline is None):
+        parser.error("give --ours and --baseline together: the paired comparison needs both")
+    for flag, name in (("--ours", args.ours), ("--baseline", args.baseline)):
+        if name is not None and name not in policies:
+            parser.error(f"{flag} {name!r} is not a --policy name (expected one of {', '.join(policies)})")
+    if args.bootstrap < 100:
+        parser.error(f"--bootstrap must be at least 100 resamples for a 95% interval, got {args.bootstrap}")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be at least 1 question per set, got {args.limit}")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 def recorded_run(out_dir: Path) -> dict[str, Any] | None:
     """The record of the last run that answered into ``out_dir``: None where the folder holds no answer (nothing
     to resume: error lines run again), ``{}`` where its answers are not on record."""
-    lines = read_records(sorted((out_dir / "results").glob("*.jsonl")), required=("error",))
-    if all(line["error"] is not None for line in lines):
+    lines = read_records(sorted((out_dir / "results").glob("*.jsonl")))
+    if all(line.get("error") is not None for line in lines):
         return None
     runs = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
     return runs[-1] if runs else {}

@@ -65,7 +65,9 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     cell = result["by_class"]["hotpotqa/parallelisable"]
     assert cell["ours"]["n"] == 4 and cell["ours"]["em"] == 75.0 and cell["ours"]["turns"] == 2.0
     assert cell["ours"]["decomposition_ratio"] == 100.0 and cell["search-r1"]["decomposition_ratio"] == 0.0
-    assert cell["search-r1"]["n"] == 4  # its errored line is left out
+    # the tables compare the questions both were asked: ours' s0, the baseline's n0 and q9 (errored) are out
+    assert cell["search-r1"]["n"] == 4
+    assert {n: r["not_shared"] for n, r in result["runs"].items()} == {"ours": 1, "search-r1": 2}
     assert (
         result["runs"]["search-r1"]["errors"] == ["hotpotqa q9: RuntimeError: boom"]
         and not result["runs"]["ours"]["errors"]
@@ -77,29 +79,40 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert paired["n"] == 4 and paired["em_diff"] == 25.0 and paired["turns_ratio"] == pytest.approx(2 / 3)
     assert paired["turns_ratio_ci"] == pytest.approx([2 / 3, 2 / 3])  # every question: 2 turns vs 3
     assert paired["em_diff_ci"][0] <= 25.0 <= paired["em_diff_ci"][1] <= 100.0
-    assert "hotpotqa/sequential" not in result["ours_vs_baseline"]  # the baseline has no such line
-    assert result["ours_vs_baseline"]["every set/parallelisable"] | {"em_diff_ci": None, "turns_ratio_ci": None} == (
-        paired | {"em_diff_ci": None, "turns_ratio_ci": None}
-    )  # pooled over the sets both ran (here one): the same pairs
-    assert (
-        "every set/sequential" not in result["ours_vs_baseline"]
-        and "every set/single-hop" not in result["ours_vs_baseline"]
-    )
-    assert set(result["by_dataset"]) == {"hotpotqa", "nq"} and "ours" not in result["by_dataset"]["nq"]
+    assert list(result["ours_vs_baseline"]) == ["hotpotqa/parallelisable", "every set/parallelisable"]
+    assert set(result["by_dataset"]) == {"hotpotqa"}  # nq: the baseline's alone
     text = out.with_suffix(".md").read_text()
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
-    assert "left out, its run ended in an error: hotpotqa q9: RuntimeError: boom" in text  # named, not hidden
-    assert "| ours | 60.0 | – | – |" in text  # Table 2: no average over fewer benchmarks than the other rows
+    assert "its run ended in an error (EM 0): hotpotqa q9: RuntimeError: boom" in text  # named, not hidden
+    assert "left out: 2 questions not every run was asked" in text
+    assert "| ours | 75.0 | 75.0 |" in text  # Table 2 over the shared questions
     assert (
         "| hotpotqa/parallelisable | 4 | 25.0 [" in text and (tmp_path / "figures" / "table.png").stat().st_size > 0
     )  # the figure beside the tables
     pooled = result["pooled"]  # Table 4: every dataset together, one line per model
-    assert pooled["all"]["search-r1"]["n"] == 5 and pooled["all"]["search-r1"]["em"] == 60.0  # hotpotqa and nq
-    assert pooled["sequential"]["ours"]["decomposition_ratio"] == 0.0 and "search-r1" not in pooled["sequential"]
-    assert "| ours | 5 | 60.0 [" in text and "| 75.0 (n=4) | 0.0 (n=1) | – | 100.0 | 0.0 | 2.00 [2.00, 2.00] |" in text
-    assert "| 50.0 (n=4) | – | 100.0 (n=1) | 0.0 | – | 3.00 [3.00, 3.00] |" in text  # the baseline ran no sequential
+    assert pooled["all"]["search-r1"]["n"] == 4 and pooled["all"]["search-r1"]["em"] == 50.0
+    assert "| ours | 4 | 75.0 [" in text
     again = paper_table.main([*argv, "--baseline", "search-r1", "--bootstrap", "500", "--out", str(tmp_path / "b")])
     assert again["by_class"] == result["by_class"]  # seeded: the same intervals
+    alone = paper_table.main(["--run", f"ours={ours}", "--bootstrap", "500", "--out", str(tmp_path / "c")])
+    # each cell resampled on its own: a model's interval does not depend on the models drawn before it
+    assert alone["by_class"]["hotpotqa/parallelisable"]["ours"] == cell["ours"]
+    assert "--seed 0" in result["command"]
+
+
+def test_an_errored_question_scores_0_in_the_tables_and_in_the_pair(tmp_path):
+    """A run's errored questions were left out: 4 right of 24 with 20 timeouts was EM 100 in the tables (16.7 in
+    the eval's own report), so a model that timed out more looked better."""
+    ours = [line(f"q{i}", "parallel", 1.0, 2, True) for i in range(4)]
+    ours += [line(f"q{i}", "parallel", 0.0, 2, True) | {"error": "AgentError: timeout"} for i in range(4, 24)]
+    other = [line(f"q{i}", "sequential", 1.0 if i < 6 else 0.0, 3, False) for i in range(24)]
+    folders = eval_folder(tmp_path, "ours", ours), eval_folder(tmp_path, "other", other)
+    argv = ["--run", f"ours={folders[0]}", "--run", f"other={folders[1]}:sequential", "--ours", "ours"]
+    result = paper_table.main([*argv, "--baseline", "other", "--bootstrap", "200", "--out", str(tmp_path / "t")])
+    assert result["by_dataset"]["hotpotqa"]["ours"]["em"] == pytest.approx(100 * 4 / 24)
+    pair = result["ours_vs_baseline"]["hotpotqa/parallelisable"]
+    assert pair["n"] == 24 and pair["em_diff"] == pytest.approx(100 * (4 - 6) / 24)
+    assert pair["turns_ratio"] == pytest.approx(2 / 3)  # over the 4 questions both ran
 
 
 def test_sets_pool_only_the_datasets_named(runs, tmp_path):
@@ -109,6 +122,7 @@ def test_sets_pool_only_the_datasets_named(runs, tmp_path):
     result = paper_table.main([*argv, "--ours", "ours", "--sets", "hotpotqa", "--bootstrap", "500", "--out", str(out)])
     assert set(result["by_dataset"]) == {"hotpotqa"}  # nq's line is left out of every table
     assert result["pooled"]["all"]["search-r1"]["n"] == 4 and result["pooled"]["all"]["search-r1"]["em"] == 50.0
+    assert result["runs"]["search-r1"]["not_shared"] == 1  # q9, asked of the baseline only
     assert "single-hop" not in result["pooled"]
     assert "--sets hotpotqa" in result["command"] and "--sets hotpotqa" in out.with_suffix(".md").read_text()
 
@@ -119,7 +133,8 @@ def test_sets_pool_only_the_datasets_named(runs, tmp_path):
         (["--run", "ours"], "expected NAME=DIR"),
         (["--run", "ours=DIR:both"], "expected parallel or sequential"),
         (["--run", "ours=/nonexistent"], "has no results/ folder"),
-        (["--run", "ours={ours}", "--baseline", "sr1"], "--baseline 'sr1' is not a --run name"),
+        (["--run", "ours={ours}", "--ours", "ours", "--baseline", "sr1"], "--baseline 'sr1' is not a --run name"),
+        (["--run", "ours={ours}", "--ours", "ours"], "give --ours and --baseline together"),
         (["--run", "ours={ours}", "--bootstrap", "10"], "at least 100"),
         (["--run", "ours={ours}", "--sets", "musique"], "run 'ours' has no line of these sets (it has: hotpotqa)"),
     ],

@@ -6,8 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from ps_agent.questions import SHARED_DATA, read_split
 
 spec = importlib.util.spec_from_file_location(
     "policy_table", Path(__file__).parents[1] / "benchmarks" / "policy_table.py"
@@ -31,7 +32,7 @@ def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
         result(1.0, 2, False, "sequential"),
         result(0.0, 1, False, "sequential"),
     ]
-    rows = {(r["dataset"], r["class"]): r for r in policy_table.rows("p", records, 200, np.random.default_rng(0))}
+    rows = {(r["dataset"], r["class"]): r for r in policy_table.rows("p", records, 200)}
     assert set(rows) == {("hotpotqa", "all"), ("hotpotqa", "parallelisable"), ("hotpotqa", "sequential")}
     par, seq, everything = rows["hotpotqa", "parallelisable"], rows["hotpotqa", "sequential"], rows["hotpotqa", "all"]
     assert (par["n"], par["em"], par["split"], par["two_rounds"]) == (2, 50.0, 100.0, 0.0)
@@ -45,7 +46,7 @@ def test_rows_count_em_splits_and_second_rounds_per_set_and_class():
     assert line.startswith("| p | hotpotqa | parallelisable | 2 | 50.0 [") and "3.0 (cuda (H100))" in line
     assert "ended in an error" not in page
     page = policy_table.markdown([], "cmd", {}, {"p": ["hotpotqa q7: AgentError: run_timeout_s=600 reached"]})
-    assert "- p: hotpotqa q7: AgentError: run_timeout_s=600 reached" in page  # left out of the rows, not hidden
+    assert "- p: hotpotqa q7: AgentError: run_timeout_s=600 reached" in page  # named, not hidden
 
 
 def test_yes_no_questions_are_counted_by_gold_and_by_what_was_answered():
@@ -148,30 +149,52 @@ def test_a_policy_served_by_vllm_cpu_answers_with_its_trained_weights_then_its_s
 
 def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tmp_path, monkeypatch):
     """--tables-only --sets hotpotqa over eval folders that also hold MuSiQue lines: the policy rows and the paper
-    tables' pooled rows cover HotpotQA alone, as the evaluation would have."""
-    for name, ems in (("ours", [1.0, 1.0, 0.0, 0.0]), ("sft", [0.0, 1.0, 0.0, 1.0])):
+    tables' pooled rows cover HotpotQA alone, as the evaluation would have. --classes and --limit keep the tables to
+    the questions they name (they limited the evaluation only), an errored question scores 0 (it was left out, so a
+    run gained by failing), and the tables compare the questions every policy was asked."""
+    validation = read_split(SHARED_DATA / "hotpotqa" / "dev.jsonl", "validation")
+    hotpotqa = [r["id"] for r in validation if r["type"] == "comparison"]
+    musique = [r["id"] for r in read_split(SHARED_DATA / "musique" / "dev.jsonl", "validation")]
+    for name, ems in (("ours", [1.0, 1.0, 1.0, 0.0, 0.0]), ("sft", [0.0, 1.0, 1.0, 0.0, 1.0])):
+        ids = [("hotpotqa", hotpotqa[0]), ("hotpotqa", hotpotqa[1]), ("hotpotqa", hotpotqa[2])]
+        ids += [("musique", musique[0]), ("musique", musique[1])]
         lines = [
             result(em, 1, True, "parallelisable", dataset)
-            | {"id": f"q{i}", "mode": "parallel", "question": f"question {i}", "golden_answers": ["a"], "answer": "a"}
-            for i, (em, dataset) in enumerate(zip(ems, ["hotpotqa", "hotpotqa", "musique", "musique"], strict=True))
+            | {"id": qid, "mode": "parallel", "question": f"question {qid}", "golden_answers": ["a"], "answer": "a"}
+            for em, (dataset, qid) in zip(ems, ids, strict=True)
         ]
-        lines[3] |= {"error": "RuntimeError: boom"}  # a MuSiQue question whose run failed
+        lines[4] |= {"error": "RuntimeError: boom"}  # a MuSiQue question whose run failed
+        if name == "ours":
+            lines[1] |= {"error": "RuntimeError: timeout", "em": 0.0}  # scored 0, not left out
+        else:
+            del lines[2]  # asked of ours only: out of the paper tables, which compare the same questions
         (tmp_path / name / "results").mkdir(parents=True)
         (tmp_path / name / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         (tmp_path / name / "runs.jsonl").write_text(
             json.dumps({"command": "benchmarks/policy_table.py --nq 100"}) + "\n"
         )
-    out = tmp_path / "table"
-    argv = ["policy_table.py", "--tables-only", "--run-dir", str(tmp_path), "--sets", "hotpotqa", "--out", str(out),
-            "--policy", "ours=x:parallel", "--policy", "sft=y:parallel", "--ours", "ours", "--baseline", "sft",
-            "--bootstrap", "200"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    policy_table.main()
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+
+    def tables(*extra: str) -> tuple[list[dict], dict]:
+        out = tmp_path / "table"
+        argv = ["policy_table.py", "--tables-only", "--run-dir", str(tmp_path), "--out", str(out), "--policy",
+                "ours=x:parallel", "--policy", "sft=y:parallel", "--bootstrap", "200", *extra]  # fmt: skip
+        monkeypatch.setattr(sys, "argv", argv)
+        policy_table.main()
+        rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+        return rows, json.loads(out.with_name("table_paper.json").read_text())
+
+    rows, paper = tables("--sets", "hotpotqa", "--ours", "ours", "--baseline", "sft")
     assert {(r["policy"], r["dataset"]) for r in rows} == {("ours", "hotpotqa"), ("sft", "hotpotqa")}
-    paper = json.loads(out.with_name("table_paper.json").read_text())
-    assert paper["pooled"]["all"]["ours"]["n"] == 2 and paper["pooled"]["all"]["ours"]["em"] == 100.0
+    ours = next(r for r in rows if (r["policy"], r["class"]) == ("ours", "all"))
+    assert (ours["n"], ours["em"]) == (3, pytest.approx(200 / 3))  # the timed-out question counts 0
+    assert paper["pooled"]["all"]["ours"]["n"] == 2 and paper["pooled"]["all"]["ours"]["em"] == 50.0
+    assert paper["runs"]["ours"]["not_shared"] == 1 and paper["runs"]["sft"]["not_shared"] == 0
     assert paper["ours_vs_baseline"]["every set/parallelisable"]["n"] == 2
-    assert "--sets hotpotqa" in paper["command"]
-    assert "boom" not in out.with_suffix(".md").read_text()  # nor are another set's failed questions listed
-    assert "boom" not in out.with_name("table_paper.md").read_text()  # in either page
+    assert "--sets hotpotqa" in paper["command"] and "--seed 0" in paper["command"]
+    assert "boom" not in (tmp_path / "table.md").read_text()  # nor are another set's failed questions listed
+    assert "boom" not in (tmp_path / "table_paper.md").read_text()  # in either page
+    with pytest.raises(ValueError, match="share no question"):  # HotpotQA's lines here are all comparisons
+        tables("--sets", "hotpotqa", "--classes", "sequential")
+    assert json.loads((tmp_path / "table.json").read_text())["rows"] == []
+    rows, _ = tables("--sets", "hotpotqa", "--classes", "parallelisable", "--limit", "1")  # its first question only
+    assert {r["n"] for r in rows} == {1}
