@@ -422,14 +422,15 @@ def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answ
 
 def opera_chain(question, golden, second_passage):
     """A HotpotQA-form bridge that searches the opera, then its composer, as the gold plan does."""
+    golden = [golden] if isinstance(golden, str) else golden
     rec = record("bridge", question, ["Maria Golovin", "Gian Carlo Menotti"])
-    rec["golden_answers"] = [golden]
+    rec["golden_answers"] = golden
     passages = {
         "id-Maria Golovin": '"Maria Golovin"\nMaria Golovin is an opera in three acts by Gian Carlo Menotti.',
         "id-Gian Carlo Menotti": f'"Gian Carlo Menotti"\n{second_passage}',
     }
     plan = plan_from_titles(rec, passages)
-    return GoldQuestion("q", question, [golden], "bridge", plan, "hotpotqa", "c")
+    return GoldQuestion("q", question, golden, "bridge", plan, "hotpotqa", "c")
 
 
 def test_a_chain_that_ends_on_its_answer_checks_the_answer_against_the_question():
@@ -464,6 +465,11 @@ def test_a_chain_that_ends_on_its_answer_checks_the_answer_against_the_question(
         "<answer> Gian Carlo Menotti </answer>"
     )
     assert teacher_turns(born, "parallel", random.Random(0))[-1] == before[born.question]
+    # the entity searched last is the second golden answer (MuSiQue's "Jessie Woodrow Wilson Sayre"): it was missed
+    second = opera_chain(q.question, ["Menotti", "Gian Carlo Menotti"], passage)
+    gold = GoldSet([second])
+    check_chains(gold)
+    assert gold.questions == [second] and gold.questions[0].plan[-1][0]["check"] == check
 
 
 def test_the_asked_phrase_is_the_longest_shared_run_of_the_questions_words_without_the_searched_names():

@@ -168,6 +168,20 @@ def test_bad_episode_files_are_refused_with_what_was_expected(tmp_path, tiny_mod
         main(sft_args(tiny_model, long, tmp_path / "run", "--max_length", "100", "--max_steps", "1"))
 
 
+def test_gold_records_its_command_and_tokenizer_and_sft_refuses_another_models_episodes(tiny_model, tmp_path):
+    """SmolLM2's ids all fit Qwen's vocabulary: gold built without --model qwen0.5b trained Qwen on the wrong tokens
+    and chat template, silently; nothing but a sha256 in a comment said how a gold file was built."""
+    from training.gold import main as gold_main
+
+    flags = ["--model", "smollm2", "--seeds", "5", "--entities", "60", "--per-family", "1", "--shared"]
+    episodes = gold_main([*flags, "--out", str(tmp_path / "gold" / "parallel.jsonl")])
+    summary = json.loads(episodes.with_suffix(".summary.json").read_text())
+    assert summary["tokenizer"] == "smollm2-135m-instruct" and summary["command"].startswith("python training/gold.py")
+    assert summary["command"].endswith(f"--out {tmp_path / 'gold' / 'parallel.jsonl'}")
+    with pytest.raises(ValueError, match=r"holds token ids of smollm2-135m-instruct's tokenizer .*not of tiny"):
+        main(sft_args(tiny_model, episodes, tmp_path / "run", "--max_steps", "1"))
+
+
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_the_shipped_adapters_configs_parse(mode):
     from training.run_sft import parse

@@ -4,7 +4,7 @@ writes the plan's turns, kept as the exact token sequences a rollout produces.
     python training/gold.py --mode parallel --out runs/gold/parallel.jsonl
 
 The teacher is a ``TextPolicy`` like any other: the graph renders the prompt, parses its turns, searches
-the real retriever and renders the observations, and ``training.rollout.token_sequences`` turns the
+the real retriever and renders the observations, and ``ps_agent.llms.tokens.token_sequences`` turns the
 trajectory into prompt ids, completion ids and the environment mask — so a gold episode and an RL rollout
 of the same text are the same tokens. An episode is kept only when every gold passage was actually retrieved;
 every question and episode left out is counted by reason. The pieces, in the order data flows through them:
@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import random
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.llms import model_path
+from ps_agent.llms.tokens import token_sequences
 from ps_agent.protocol import Mode
 from ps_agent.questions import question_class, yes_no
 from ps_agent.runner import run_sync
@@ -48,7 +50,6 @@ from training.plans import (
     ends_on_answer,
     gold_questions,
 )
-from training.rollout import token_sequences
 from training.turns import TeacherPolicy, answer_verdict, check_chains, teacher_turns
 
 logger = logging.getLogger("gold")
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> Path:
         "--checked-chains",
         action="store_true",
         help="a chain answered with the entity it searched last checks it against the question before answering "
-        "(35 of HotpotQA's 54 train chains), or is left out where no check can be read; counted among the skipped",
+        "(35 of the 54 such chains among HotpotQA's 280 train chains), or is left out where no check can be read; "
+        "counted among the skipped questions",
     )
     args = parser.parse_args(argv)
     if args.yes_no < 0 or args.yes_no % 2:
@@ -201,7 +203,12 @@ def main(argv: list[str] | None = None) -> Path:
         episodes = capped(episodes, args.per_source_class)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(ep) + "\n" for ep in episodes))
-    options = {"per_source_class": args.per_source_class, "yes_no_drawn": args.yes_no}
+    options = {
+        "command": shlex.join(["python", "training/gold.py", *(sys.argv[1:] if argv is None else argv)]),
+        "tokenizer": Path(model_path(args.model)).name,  # run_sft.py refuses the episodes for another model
+        "per_source_class": args.per_source_class,
+        "yes_no_drawn": args.yes_no,
+    }
     report = summary(gold, episodes, skipped, built) | options
     out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
     logger.info("%s", json.dumps(report, indent=1))
@@ -298,7 +305,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "real_yes_no": dict(real_yes_no),
         "real_ends_on_answer": dict(ends_on_answer_counts),
         "yes_no": {"yes": answered["yes"], "no": answered["no"]},
-        "skipped_without_plan": dict(gold.skipped),
+        "skipped_questions": dict(gold.skipped),  # before any episode ran: no plan, or an unchecked chain
         "skipped_episodes": dict(skipped),
     }
 

@@ -270,7 +270,7 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
                 step["asked_sentence"] = date is None and step["finding"] != quote(contents)
             else:
                 step["finding"] = quote(contents, answer)
-                if r and _searched_answer(step, answer):
+                if r and _searched_answer(step, record.get("golden_answers") or []):
                     # the chain ends on the entity it answers with: what its passage says that the question asks
                     # for, which ``check_chains`` quotes in place of the finding to check the answer against
                     spent = " ".join(f"{s['sub_question']} {s['finding'] or ''}" for hop in plan[:r] for s in hop)
@@ -280,9 +280,11 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
 def ends_on_answer(q: GoldQuestion) -> bool:
     """A chain whose last hop searches the entity it answers with."""
     last = q.plan[-1]
-    return len(q.plan) > 1 and len(last) == 1 and _searched_answer(last[0], q.golden_answers[0])
+    return len(q.plan) > 1 and len(last) == 1 and _searched_answer(last[0], q.golden_answers)
 
 
-def _searched_answer(step: dict[str, Any], answer: str | None) -> bool:
-    """The step searches the answer itself: its title, without a parenthesised qualifier, is the answer."""
-    return bool(answer) and normalised(plain_title(step["sub_question"])) == normalised(answer)
+def _searched_answer(step: dict[str, Any], answers: Sequence[str]) -> bool:
+    """The step searches the answer itself: its title, without a parenthesised qualifier, is one of the golden
+    answers (MuSiQue's "Jessie Woodrow Wilson Sayre" is its second)."""
+    title = normalised(plain_title(step["sub_question"]))
+    return any(answer and title == normalised(answer) for answer in answers)

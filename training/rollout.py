@@ -29,7 +29,8 @@ import torch
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import episode_record, summarise_rollouts
-from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, chat_prompt_ids, segment_ids
+from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy
+from ps_agent.llms.tokens import token_sequences
 from ps_agent.metrics import mean
 from ps_agent.rewards import RewardWeights, reward_components
 from ps_agent.trajectories import TrajectoryLog
@@ -82,45 +83,6 @@ class RolloutSettings:
                 "dynamic sampling draws a different number of rollouts on each rank, which TRL's vLLM generation "
                 "(every rank in step) cannot serve: use --backend hf, openai or vllm-cpu, or --dynamic_sampling 0"
             )
-
-
-def token_sequences(
-    trajectory: dict[str, Any], tokenizer: Any, max_completion_length: int | None = None
-) -> dict[str, Any]:
-    """Prompt ids, completion ids, env mask and logprobs of one rollout, exactly as the policy saw them.
-
-    An episode that ended with an answer ends with the tokenizer's end-of-turn token (environment side:
-    mask 0), so TRL sees a finished completion, not a clipped one. An episode longer than
-    ``max_completion_length`` is cut there and marked ``truncated`` (no end-of-turn token).
-    """
-    completion_ids: list[int] = []
-    env_mask: list[int] = []
-    logprobs: list[float] = []
-    model_turns = iter(trajectory["llm_calls"])
-    for segment in trajectory["transcript"]:
-        ids = segment_ids(tokenizer, segment)
-        completion_ids += ids
-        if segment["role"] == "model":
-            call = next(model_turns)
-            env_mask += [1] * len(ids)
-            logprobs += call["logprobs"]
-        else:
-            env_mask += [0] * len(ids)
-            logprobs += [0.0] * len(ids)
-    if trajectory.get("answer") is not None and tokenizer.eos_token_id is not None:
-        completion_ids.append(tokenizer.eos_token_id)
-        env_mask.append(0)
-        logprobs.append(0.0)
-    truncated = max_completion_length is not None and len(completion_ids) > max_completion_length
-    if truncated:
-        completion_ids, env_mask, logprobs = (x[:max_completion_length] for x in (completion_ids, env_mask, logprobs))
-    return {
-        "prompt_ids": chat_prompt_ids(tokenizer, trajectory["prompt_messages"]),
-        "completion_ids": completion_ids,
-        "env_mask": env_mask,
-        "logprobs": logprobs,
-        "truncated": truncated,
-    }
 
 
 def rollout_record(

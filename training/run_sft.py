@@ -94,6 +94,18 @@ def sft_example(ep: dict[str, Any]) -> dict[str, list[int]]:
     return {"input_ids": ep["prompt_ids"] + ep["completion_ids"], "labels": labels}
 
 
+def check_tokenizer(episodes: str | Path, model: str | Path) -> None:
+    """Refuse episodes that ``gold.py`` built with another model's tokenizer, where their summary says which: a
+    smaller model's ids fit a larger vocabulary, so they would train on the wrong tokens and chat template."""
+    summary = Path(episodes).with_suffix(".summary.json")
+    built = json.loads(summary.read_text()).get("tokenizer") if summary.is_file() else None
+    if built is not None and built != Path(model).name:
+        raise ValueError(
+            f"{episodes} holds token ids of {built}'s tokenizer ({summary}), not of {Path(model).name}'s: rebuild it "
+            "with training/gold.py --model for this model"
+        )
+
+
 def load_examples(
     path: str | Path, limit: int | None = None, vocab_size: int | None = None
 ) -> list[dict[str, list[int]]]:
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
     path = model_path(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    check_tokenizer(args.episodes, path)
     rows = load_examples(args.episodes, args.limit, vocab_size=len(tokenizer))
     too_long = sum(len(r["input_ids"]) > config.max_length for r in rows)
     if too_long:

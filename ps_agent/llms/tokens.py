@@ -1,4 +1,5 @@
-"""Token ids of a turn's context: the chat prompt, then each segment's own ids (model text is never re-tokenised)."""
+"""Token ids of a turn's context: the chat prompt, then each segment's own ids (model text is never re-tokenised),
+and of a whole trajectory (``token_sequences``: what a GRPO rollout trains on and a gold episode holds)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,42 @@ def generated_length(tokenizer: Any, new: list[int], stop: Sequence[str]) -> int
         if ">" in tokenizer.decode([token]) and any(s in tokenizer.decode(new[: j + 1]) for s in stop):
             return j + 1
     return len(new)
+
+
+def token_sequences(
+    trajectory: dict[str, Any], tokenizer: Any, max_completion_length: int | None = None
+) -> dict[str, Any]:
+    """Prompt ids, completion ids, env mask and logprobs of one rollout, exactly as the policy saw them.
+
+    An episode that ended with an answer ends with the tokenizer's end-of-turn token (environment side:
+    mask 0), so TRL sees a finished completion, not a clipped one. An episode longer than
+    ``max_completion_length`` is cut there and marked ``truncated`` (no end-of-turn token).
+    """
+    completion_ids: list[int] = []
+    env_mask: list[int] = []
+    logprobs: list[float] = []
+    model_turns = iter(trajectory["llm_calls"])
+    for segment in trajectory["transcript"]:
+        ids = segment_ids(tokenizer, segment)
+        completion_ids += ids
+        if segment["role"] == "model":
+            call = next(model_turns)
+            env_mask += [1] * len(ids)
+            logprobs += call["logprobs"]
+        else:
+            env_mask += [0] * len(ids)
+            logprobs += [0.0] * len(ids)
+    if trajectory.get("answer") is not None and tokenizer.eos_token_id is not None:
+        completion_ids.append(tokenizer.eos_token_id)
+        env_mask.append(0)
+        logprobs.append(0.0)
+    truncated = max_completion_length is not None and len(completion_ids) > max_completion_length
+    if truncated:
+        completion_ids, env_mask, logprobs = (x[:max_completion_length] for x in (completion_ids, env_mask, logprobs))
+    return {
+        "prompt_ids": chat_prompt_ids(tokenizer, trajectory["prompt_messages"]),
+        "completion_ids": completion_ids,
+        "env_mask": env_mask,
+        "logprobs": logprobs,
+        "truncated": truncated,
+    }
