@@ -72,13 +72,9 @@ def pace(steps: list[dict]) -> dict:
     if not timed:
         return {}
     median = statistics.median(s["step_time_s"] for s in timed[1:] or timed)
-    rollout = sum(s["rollout_s"] or 0.0 for s in timed)
-    return {
-        "steps": len(timed),
-        "median_step_s": median,
-        "steps_per_hour": 3600 / median,
-        "rollout_share": rollout / sum(s["step_time_s"] for s in timed),
-    }
+    rolled = [s for s in timed if s["rollout_s"] is not None]  # a step without rollout time is not one of 0 s
+    share = sum(s["rollout_s"] for s in rolled) / sum(s["step_time_s"] for s in rolled) if rolled else None
+    return {"steps": len(timed), "median_step_s": median, "steps_per_hour": 3600 / median, "rollout_share": share}
 
 
 def main() -> None:
@@ -97,7 +93,8 @@ def main() -> None:
     for name, run in runs.items():
         p = run["pace"]
         cells = (
-            f"{p['steps']} | {p['median_step_s']:.0f} | {p['steps_per_hour']:.1f} | {p['rollout_share']:.0%}"
+            f"{p['steps']} | {p['median_step_s']:.0f} | {p['steps_per_hour']:.1f} | "
+            + ("–" if p["rollout_share"] is None else f"{p['rollout_share']:.0%}")
             if p
             else "0 | – | – | –"
         )

@@ -33,7 +33,6 @@ from ps_agent.episodes import aggregate  # noqa: E402
 from ps_agent.eval import MODES, EvalSettings, evaluate  # noqa: E402
 from ps_agent.eval_report import read_results  # noqa: E402
 from ps_agent.llms import TransformersPolicy, embedded_model_path, embedded_spec, load_adapter_model  # noqa: E402
-from ps_agent.metrics import mean  # noqa: E402
 from ps_agent.questions import QUESTION_CLASSES  # noqa: E402
 from ps_agent.synthetic import HELD_OUT_SEED  # noqa: E402
 
@@ -92,16 +91,18 @@ def by_policy(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def calls_ratio(records: list[dict[str, Any]]) -> dict[str, float | None]:
-    """LLM calls of the trained policy on parallelisable questions, parallel mode over sequential mode,
-    on the same questions, per set."""
+    """LLM calls of the trained policy on parallelisable questions, parallel mode over sequential mode (a ratio
+    of sums), on the questions both modes ran without error, per set."""
     ratios = {}
     for d in sorted({r["dataset"] for r in records}):
-        calls = {
-            m: mean([float(r["llm_calls"]) for r in records if r["dataset"] == d and r["policy"] == "trained"
-                     and r["mode"] == m and r["question_class"] == "parallelisable" and r["error"] is None])
+        ran = {
+            m: {r["id"]: float(r["llm_calls"]) for r in records if r["dataset"] == d and r["policy"] == "trained"
+                and r["mode"] == m and r["question_class"] == "parallelisable" and r["error"] is None}
             for m in MODES
         }  # fmt: skip
-        ratios[d] = calls["parallel"] / calls["sequential"] if calls["parallel"] and calls["sequential"] else None
+        both = ran["parallel"].keys() & ran["sequential"].keys()
+        calls = {m: sum(ran[m][q] for q in both) for m in MODES}
+        ratios[d] = calls["parallel"] / calls["sequential"] if both and calls["sequential"] else None
     return ratios
 
 
@@ -192,10 +193,14 @@ def main() -> None:
 
     started = time.time()
     sets = held_out_sets(args.run_dir / "sets", args.per_set)
+    unknown = sorted(set(args.baseline_sets or ()) - set(sets))
+    if unknown:
+        parser.error(f"--baseline-sets {' '.join(unknown)}: expected some of {', '.join(sets)}")
+    baseline_sets = [sets[name] for name in args.baseline_sets or sets]
     records = []
     for policy in args.policies:
         files = (
-            list(sets.values()) if policy == "trained" else [limited(p, args.baseline_per_set) for p in sets.values()]
+            list(sets.values()) if policy == "trained" else [limited(p, args.baseline_per_set) for p in baseline_sets]
         )
         for mode in MODES:
             out_dir = args.run_dir / policy / mode

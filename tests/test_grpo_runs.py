@@ -24,3 +24,9 @@ def test_pace_leaves_out_the_warm_up_step_and_counts_the_rollouts_share():
 def test_pace_of_a_single_step_and_of_an_untimed_run():
     assert grpo_runs.pace([step(1, 120.0, 60.0)])["median_step_s"] == 120.0
     assert grpo_runs.pace([step(1, None, None)]) == {}
+
+
+def test_a_run_that_logged_no_rollout_time_has_no_rollout_share():
+    """It was counted as 0 s of rollouts: "0%" instead of "–"."""
+    assert grpo_runs.pace([step(1, 100.0, None), step(2, 50.0, None)])["rollout_share"] is None
+    assert grpo_runs.pace([step(1, 100.0, None), step(2, 50.0, 25.0)])["rollout_share"] == 0.5  # of the timed
