@@ -79,6 +79,12 @@ def min_rounds(question_type: str | None) -> int:
     return CLASS_RULES[question_class(question_type)].min_rounds
 
 
+def plan_rounds(plan: Sequence[Sequence[Any]], mode: str) -> list[list[Any]]:
+    """A plan's search rounds as ``mode`` searches them: each round's steps at once in parallel mode, one step a
+    round in sequential mode (the teacher's turns, the gold's turn budget and the synthetic oracle agree)."""
+    return [list(steps) for steps in plan] if mode == "parallel" else [[step] for steps in plan for step in steps]
+
+
 def rounds_needed(row: Mapping[str, Any]) -> int:
     """How many search rounds a question needs when each round searches all its independent sub-queries at
     once (parallel mode's ideal): the length of the row's plan where it has one (``optimal_rounds``, the

@@ -22,6 +22,7 @@ from typing import Any
 
 from ps_agent.llms import Completion
 from ps_agent.protocol import render_answer, render_search
+from ps_agent.questions import plan_rounds
 from ps_agent.retrieval.corpus import passage_id
 
 #: the worlds gold episodes are made from (training/gold.py), and the one the benchmarks hold out from them
@@ -541,11 +542,7 @@ class GoldPlanPolicy:
     async def acomplete(self, prompt, transcript, *, stop, max_tokens):
         question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
         q = self.plans[question]
-        steps = (
-            [[s["sub_question"]] for r in q["plan"] for s in r]
-            if self.mode == "sequential"
-            else [[s["sub_question"] for s in r] for r in q["plan"]]
-        )
+        steps = [[s["sub_question"] for s in r] for r in plan_rounds(q["plan"], self.mode)]
         done = sum(segment["role"] == "model" for segment in transcript)
         if done < len(steps):
             text = f"<think> step {done + 1} of the plan </think>\n{render_search(steps[done])}"

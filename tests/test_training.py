@@ -23,10 +23,10 @@ import pytest
 from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import summarise_rollouts
 from ps_agent.llms.tokens import token_sequences
-from ps_agent.questions import SHARED_DATA
+from ps_agent.questions import SHARED_DATA, DataError, read_jsonl, to_row
 from ps_agent.testing import SleepyRetriever
 from ps_agent.trajectories import TrajectoryLog, read_trajectories
-from training.data import DataError, load_questions, read_jsonl, to_row
+from training.data import load_questions
 from training.rollout import AgentRollout, RolloutSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,6 +44,12 @@ def agent_config(args: Any, **settings: Any) -> AgentConfig:
     return AgentConfig(**{name: getattr(args, name) for name in AGENT_FLAGS if hasattr(args, name)}, **settings)
 
 
+#: The longest episode, in tokens, that gold.py keeps and run_sft.py trains by default (SmolLM2's runs): one number,
+#: so that an episode too long is left out when gold is built, never cut in training (run_sft.py refuses one). The
+#: Qwen runs set their own in both: 1664 parallel, 1536 sequential.
+MAX_LENGTH = 896
+
+
 @dataclass
 class ModelArguments:
     """The model a trainer starts from (``--model_name_or_path``), and the LoRA adapter it trains: a new one

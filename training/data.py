@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ps_agent.questions import KNOWN_TYPES, DataError, read_jsonl, split_part, to_row
+from ps_agent.questions import KNOWN_TYPES, read_jsonl, split_part, to_row
 
-__all__ = ["BUILTIN_QUESTIONS", "DataError", "from_records", "load_questions", "read_jsonl", "to_dataset", "to_row"]
+__all__ = ["BUILTIN_QUESTIONS", "from_records", "load_questions", "to_dataset"]
 
 
 def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KNOWN_TYPES) -> list[dict[str, Any]]:

@@ -37,10 +37,10 @@ from ps_agent.configuration import AgentConfig
 from ps_agent.llms import model_path
 from ps_agent.llms.tokens import token_sequences
 from ps_agent.protocol import Mode
-from ps_agent.questions import question_class, yes_no
+from ps_agent.questions import plan_rounds, question_class, yes_no
 from ps_agent.runner import run_sync
 from ps_agent.synthetic import TRAIN_SEEDS
-from training.arguments import add_agent_arguments
+from training.arguments import MAX_LENGTH, add_agent_arguments
 from training.plans import (
     SHARED_SETS,
     WORLD_ENTITIES,
@@ -86,7 +86,7 @@ def build_episodes(
     mode: Mode,
     tokenizer: Any,
     *,
-    max_length: int = 896,
+    max_length: int = MAX_LENGTH,
     max_turns: int = 4,
     topk: int = 3,
     max_new_tokens: int = AgentConfig.max_new_tokens,
@@ -100,7 +100,7 @@ def build_episodes(
     episodes: list[dict[str, Any]] = []
     by_corpus: dict[str, list[GoldQuestion]] = {}
     for q in questions:
-        rounds = len(q.plan) if mode == "parallel" else sum(map(len, q.plan))
+        rounds = len(plan_rounds(q.plan, mode))
         if rounds + 1 > max_turns:
             skipped[f"needs {rounds} searches, more than max_turns={max_turns} allows"] += 1
         else:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--entities", type=int, default=WORLD_ENTITIES)
     parser.add_argument("--per-family", type=int, default=WORLD_PER_FAMILY)
     parser.add_argument("--shared", nargs="*", default=list(SHARED_SETS), help="shared sets whose train part to use")
-    parser.add_argument("--max-length", type=int, default=896)
+    parser.add_argument("--max-length", type=int, default=MAX_LENGTH, help="the longest episode kept, in tokens")
     parser.add_argument(
         "--ranked",
         action="store_true",

@@ -30,7 +30,10 @@ SHARED_SETS = ("hotpotqa", "2wikimultihopqa", "musique")
 @dataclass
 class GoldQuestion:
     """A question and its gold plan: search rounds of steps ``{"sub_question", "passage_id", "finding"}``
-    (``finding``: what the step's passage says, when known)."""
+    (``finding``: what the step's passage says, when known). Steps carry more as the pipeline reads them:
+    ``value_read``, ``asked_sentence`` and ``asked_finding`` (``add_findings``, real questions), ``check``
+    (``turns.check_chains``), and ``entity``, ``value``, ``value_there``, ``superlative``, ``place``
+    (``ps_agent.synthetic``'s plans; ``value`` is a ranked entity's number with its unit, or a yes/no attribute)."""
 
     id: str
     question: str

@@ -26,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ps_agent.configuration import describe
 from ps_agent.llms import model_path, peft_adapter
 from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.questions import SHARED_DATA
@@ -72,7 +73,7 @@ class ParallelSearchArguments(ModelArguments, AgentArguments):
         default="all",
         metadata={"help": "all, train or validation: the questions of that part of the split evaluation reports on"},
     )
-    corpus: str | None = field(default=None, metadata={"help": "corpus jsonl for BM25 (default: embedded corpus)"})
+    corpus: str | None = field(default=None, metadata={"help": describe("corpus")})
     backend: str = field(
         default="hf",
         metadata={

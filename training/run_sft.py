@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
-from training.arguments import ModelArguments, new_lora
+from training.arguments import MAX_LENGTH, ModelArguments, new_lora
 from training.checkpoints import checked_resume, episodes_record, record_in_checkpoints, save_adapter_weights
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.trained_positions import next_token_loss
@@ -48,7 +48,7 @@ DEFAULTS = {
     "learning_rate": 1e-3,
     "lr_scheduler_type": "cosine",
     "warmup_steps": 0.03,
-    "max_length": 896,
+    "max_length": MAX_LENGTH,  # as gold.py builds by default, so that no episode is cut
     "gradient_checkpointing": False,  # TRL's default recomputes every forward: a 0.5B model fits without it
     "packing": False,
     "train_sampling_strategy": "group_by_length",

@@ -17,6 +17,7 @@ from typing import Any
 
 from ps_agent.llms import Completion, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
+from ps_agent.questions import plan_rounds
 from ps_agent.state import Segment
 from training.plans import GoldQuestion, GoldSet, ends_on_answer
 from training.reading import (
@@ -85,7 +86,7 @@ def _found(steps: Sequence[dict[str, Any]]) -> str | None:
 def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
     """The model turns of the gold episode: think + search per round (one query per turn in sequential
     mode), then think + answer. Think text names the sub-questions and says why they are (in)dependent."""
-    rounds = q.plan if mode == "parallel" else [[step] for r in q.plan for step in r]
+    rounds = plan_rounds(q.plan, mode)
     turns: list[str] = []
     previous: list[dict[str, Any]] = []
     for i, steps in enumerate(rounds):
@@ -113,8 +114,9 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
 
 
 def answer_verdict(q: GoldQuestion) -> str | None:
-    """The check the answer turn spells out before answering (a comparison, a ranked pair, a yes/no), or None
-    where the last round reads one entity or no check gives the gold answer."""
+    """The check the answer turn spells out before answering (a comparison, a ranked pair, a yes/no, or, where the
+    last round reads one entity, the ``check`` that ``check_chains`` wrote), or None where no check gives the gold
+    answer."""
     if len(q.plan[-1]) < 2:
         return q.plan[-1][0].get("check")  # a chain that ends on its answer, checked (``check_chains``)
     answer = q.golden_answers[0]
