@@ -36,6 +36,8 @@ def test_passage_contents_round_trip():
     passage = Passage.from_contents("7", '"Paris"\nCapital of France.\nSecond line.')
     assert (passage.title, passage.text) == ("Paris", "Capital of France.\nSecond line.")
     assert Passage.from_contents("7", passage.contents) == passage
+    quoted = Passage.from_contents("8", '"I Cannot Say "Farewell""\nA 2Wiki film.')  # its own quote was stripped
+    assert quoted.title == 'I Cannot Say "Farewell"' and Passage.from_contents("8", quoted.contents) == quoted
 
 
 def test_bm25_finds_the_right_passages(corpus_file):

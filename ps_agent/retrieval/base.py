@@ -18,8 +18,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 
 def contents_title(contents: str) -> str:
-    """The title of a Search-R1/FlashRAG ``contents`` string (``"Title"\\ntext``)."""
-    return contents.partition("\n")[0].strip().strip('"')
+    """The title of a Search-R1/FlashRAG ``contents`` string (``"Title"\\ntext``): the quotes around it go, a quote
+    of its own stays (2Wiki's ``"I Cannot Say "Farewell""``)."""
+    line = contents.partition("\n")[0].strip()
+    return line[1:-1] if len(line) > 1 and line[0] == line[-1] == '"' else line.strip('"')
 
 
 @dataclass(frozen=True)
