@@ -84,6 +84,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "paper_table")
     args = parser.parse_args()
     policies = [parse_policy(p) for p in args.policy]
+    names = [name for name, _, _ in policies]
+    for flag, name in (("--ours", args.ours), ("--baseline", args.baseline)):  # checked before hours of evaluation
+        if name not in names:
+            parser.error(f"{flag} {name!r} is not a --policy name (expected one of {', '.join(names)})")
     base = embedded_model_path("smollm2")
     for name, adapter, _ in policies:  # before the server starts: a folder answered by other weights is refused
         try:

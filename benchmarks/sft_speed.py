@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--only", nargs="+", metavar="SETTING", help="run only these settings (names as in the table)")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1 timed step, got {args.steps}")
 
     other = (
         ("r16, float32", ["--bf16", "false"])

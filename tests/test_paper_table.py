@@ -161,8 +161,12 @@ def test_the_comparison_refuses_an_eval_folder_of_other_weights_before_serving_a
     (folder / "results" / "hotpotqa.parallel.jsonl").write_text('{"id": "q1", "em": 1.0}\n')
     (folder / "runs.jsonl").write_text(json.dumps({"settings": {"llm": "step 2"}, "model_sha1": {"a": "b"}}) + "\n")
     argv = ["grpo_compare.py", "--run-dir", str(tmp_path / "compare"), "--ours", "grpo-parallel", "--baseline", "b",
-            "--policy", f"grpo-parallel={checkpoint}:parallel"]  # fmt: skip
+            "--policy", f"grpo-parallel={checkpoint}:parallel", "--policy", "b=base:sequential"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match=r"--policy grpo-parallel: .* holds answers of other model weights"):
         grpo_compare.main()
+    monkeypatch.setattr(sys, "argv", [*argv[:-2], "--policy", "c=base:sequential"])  # a --baseline typo
+    with pytest.raises(SystemExit) as refused:  # a usage error before any evaluation (it failed after all of them)
+        grpo_compare.main()
+    assert refused.value.code == 2
     assert not (tmp_path / "compare" / "vllm-server.log").exists()  # refused before a server started
