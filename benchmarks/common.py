@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ps_agent.configuration import BOUNDS
-from ps_agent.episodes import aggregate, interval
+from ps_agent.episodes import aggregate, interval, scored
 from ps_agent.eval import MODES, EvalSettings, evaluate
 from ps_agent.eval_report import em_row, read_results
 from ps_agent.llms import (
@@ -247,18 +247,19 @@ class Run:
     def errors(self, sets: Sequence[str] | None = None) -> list[str]:
         """The questions of this run's mode (and of ``sets``) whose latest line ended in an error (scored 0 in
         EM, left out of the behaviour columns), as ``DATASET ID: ERROR``."""
-        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode and r["error"] is not None]
-        return [f"{r['dataset']} {r['id']}: {r['error']}" for r in lines if not sets or r["dataset"] in sets]
+        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode]
+        return errored([r for r in lines if not sets or r["dataset"] in sets])
+
+
+def errored(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The records whose run ended in an error, as ``DATASET ID: ERROR``."""
+    return [f"{r['dataset']} {r['id']}: {r['error']}" for r in records if r["error"] is not None]
 
 
 def cell_rng(seed: int, *cell: str) -> np.random.Generator:
     """The resampling of one table cell, seeded by ``seed`` and the cell's name: its interval does not depend on
     which models, or which cells, were drawn before it."""
     return np.random.default_rng([seed, zlib.crc32("/".join(cell).encode())])
-
-
-def _em(record: dict[str, Any]) -> float:
-    return 0.0 if record["error"] is not None else 100.0 * record["em"]
 
 
 def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, bootstrap: int) -> dict[str, Any] | None:
@@ -268,7 +269,7 @@ def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, boo
     pairs = [(r, theirs[(r["dataset"], r["id"])]) for r in ours if (r["dataset"], r["id"]) in theirs]
     if not pairs:
         return None
-    em_diff = np.array([_em(a) - _em(b) for a, b in pairs])
+    em_diff = np.array([100.0 * (scored(a, "em") - scored(b, "em")) for a, b in pairs])
     resamples = rng.integers(0, len(pairs), size=(bootstrap, len(pairs)))
     ran = [(a, b) for a, b in pairs if a["error"] is None and b["error"] is None]
     turns = np.array([[float(a["llm_calls"]), float(b["llm_calls"])] for a, b in ran]).reshape(-1, 2)

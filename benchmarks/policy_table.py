@@ -36,6 +36,7 @@ from benchmarks.common import (  # noqa: E402
     Run,
     answer,
     cell_rng,
+    errored,
     paper_tables,
     parse_policy,
     validation_sets,
@@ -201,7 +202,7 @@ def main() -> None:
             record_devices(args.run_dir / name, added, args.device)
         run = Run(name, args.run_dir / name, mode)
         records = [r for r in run.records(names) if (r["dataset"], r["id"]) in questions]
-        errors[name] = [e for e in run.errors(names) if tuple(e.split(": ")[0].split(" ", 1)) in questions]
+        errors[name] = errored(records)
         made[name] = "`, then `".join(commands(args.run_dir / name))
         devices = recorded_devices(args.run_dir / name)
         table += [row | {"device": devices.get(row["dataset"], "?")} for row in rows(name, records, args.bootstrap)]

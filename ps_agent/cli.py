@@ -252,9 +252,7 @@ def serve_retriever(
             max_connections=max_connections,
         )
         retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
-    errors.print(
-        f"serving {len(retriever) if hasattr(retriever, '__len__') else 'the'} passages at http://{host}:{port}/retrieve"
-    )
+    errors.print(f"serving at http://{host}:{port}/retrieve (Ctrl-C stops)")
     serve(create_app(retriever, limits), limits, host=host, port=port)
 
 

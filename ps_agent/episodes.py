@@ -86,6 +86,11 @@ def interval(statistics: np.ndarray) -> list[float]:
     return [float(np.percentile(statistics, 2.5)), float(np.percentile(statistics, 97.5))]
 
 
+def scored(record: dict[str, Any], metric: str) -> float:
+    """``record``'s ``em``, ``f1`` or ``cover_em``: 0 for a question whose run errored, which has no answer."""
+    return 0.0 if record["error"] is not None else float(record[metric])
+
+
 def aggregate(
     records: Sequence[dict[str, Any]], bootstrap: int = 0, rng: np.random.Generator | None = None
 ) -> dict[str, Any]:
@@ -99,12 +104,12 @@ def aggregate(
     if not ok:
         return summary
     seen = behaviour(ok)
-    em = np.array([0.0 if r["error"] is not None else 100.0 * r["em"] for r in records])
+    em = np.array([100.0 * scored(r, "em") for r in records])
     turns = np.array([float(r["llm_calls"]) for r in ok])
     summary |= {
         "em": float(em.mean()),
-        "f1": 100 * mean([0.0 if r["error"] is not None else r["f1"] for r in records]),
-        "cover_em": 100 * mean([0.0 if r["error"] is not None else r["cover_em"] for r in records]),
+        "f1": 100 * mean([scored(r, "f1") for r in records]),
+        "cover_em": 100 * mean([scored(r, "cover_em") for r in records]),
         "decomposition_ratio": 100 * seen["decomposed"],
         "format_valid": 100 * seen["format_valid"],
         "forced_answer": 100 * seen["forced_answer"],

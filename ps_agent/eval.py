@@ -28,7 +28,7 @@ from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
 from ps_agent.policy_protocols import PROTOCOLS
 from ps_agent.provenance import check_same_model, check_same_settings, provenance, recorded_run, writing_to
-from ps_agent.questions import read_jsonl, split_part
+from ps_agent.questions import PARTS, read_jsonl, split_part
 from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records
@@ -36,10 +36,6 @@ from ps_agent.trajectories import TrajectoryLog, read_records
 logger = logging.getLogger(__name__)
 
 MODES = ("parallel", "sequential")
-
-
-#: which questions of each file ``EvalSettings.part`` keeps: all, or one part of the shared files' split
-PARTS = ("all", "train", "validation")
 
 
 @dataclass

@@ -238,6 +238,8 @@ def read_jsonl(
 
 #: The share of every shared dev file held out for validation; the rest is the train part.
 VALIDATION_FRACTION = 0.3
+#: which questions of a file a run takes: all, or one part of the split (``split_part``)
+PARTS = ("all", "train", "validation")
 
 
 def split_part(question_id: str, validation_fraction: float = VALIDATION_FRACTION) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ps_agent.questions import KNOWN_TYPES, read_jsonl, split_part, to_row
+from ps_agent.questions import KNOWN_TYPES, PARTS, read_jsonl, split_part, to_row
 
 __all__ = ["BUILTIN_QUESTIONS", "from_records", "load_questions", "to_dataset"]
 
@@ -30,8 +30,8 @@ def load_questions(source: Any = "builtin", limit: int | None = None, part: str 
     ``all``), the first ``limit`` of them."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be an integer of at least 1 (questions), got {limit!r}")
-    if part not in ("all", "train", "validation"):
-        raise ValueError(f"part must be all, train or validation, got {part!r}")
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
     if isinstance(source, str) and source == "builtin":
         rows = from_records(BUILTIN_QUESTIONS, "builtin")
     elif isinstance(source, str) and source.startswith("hf:"):
