@@ -80,8 +80,28 @@ def passage_body(contents: str) -> str:
     return contents.split("\n", 1)[1] if contents.startswith('"') and "\n" in contents else contents
 
 
+#: words whose period does not end a sentence: titles and other abbreviations that precede a name or a number
+_ABBREVIATIONS = frozenset({
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "mt", "ft", "no", "nos", "vs", "inc", "ltd", "co", "corp", "bros",
+    "gen", "col", "lt", "sgt", "capt", "cmdr", "adm", "gov", "sen", "rep", "rev", "prof", "hon", "pres",
+})  # fmt: skip
+
+#: what a piece ends on when its period is not a sentence's end: an initial (``Michael P.``), a dotted acronym
+#: (``U.S.``) or an abbreviation (``Dr.``)
+_NOT_AN_END = re.compile(r"(?:^|[\s(\"'])(?:[A-Z]|(?:[A-Za-z]\.)+[A-Za-z]|([A-Za-z]+))\.$")
+
+
 def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])", text) if s.strip()]
+    """A passage's sentences; a name's initial or an abbreviation ("Charles H. Ferguson", "U.S. Army", "Dr. No")
+    does not end one."""
+    sentences: list[str] = []
+    for piece in re.split(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])", text):
+        end = _NOT_AN_END.search(sentences[-1]) if sentences else None
+        if end and (end.group(1) is None or end.group(1).lower() in _ABBREVIATIONS):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        else:
+            sentences.append(piece)
+    return [s.strip() for s in sentences if s.strip()]
 
 
 def _clip(sentence: str, around: str | None = None) -> str:
@@ -97,7 +117,7 @@ def _clip(sentence: str, around: str | None = None) -> str:
     if found:  # the whole name, not its first word inside another ("King" in "Kingdom")
         at = len(sentence[: found.start()].split())
         start = max(0, min(at - _MAX_QUOTE_WORDS // 2, len(words) - _MAX_QUOTE_WORDS))
-    return " ".join(words[start : start + _MAX_QUOTE_WORDS])
+    return " ".join(words[start : start + _MAX_QUOTE_WORDS]).rstrip(".")  # the turn puts its own period after it
 
 
 def quote(contents: str, must: str | None = None) -> str:
