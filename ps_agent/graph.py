@@ -103,6 +103,10 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
             trajectory_of(state, context.mode, context.protocol),
             stats_of(state),
         ) from exc
+    pending = _pending(turn, context, state["started_at"] + context.run_timeout_s) if turn.answer is None else None
+    action, error = turn.action, turn.error
+    if pending and pending["kind"] == "search" and not pending["searched"]:  # read back, but not a search round
+        action, error = "invalid", "no sub-query has a word to search for"
     call = LLMCall(
         turn=number,
         prompt=turn.completion.prompt_text,
@@ -112,26 +116,26 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
         completion_ids=turn.completion.token_ids,
         logprobs=turn.completion.logprobs,
         finish_reason=turn.completion.finish_reason,
-        action=turn.action,
-        error=turn.error,
+        action=action,
+        error=error,
         latency_s=time.perf_counter() - started,
     )
-    if turn.answer is not None:
+    if pending is None:
         return {**turn.update, "llm_calls": [call], "answer": turn.answer}
-    deadline = state["started_at"] + context.run_timeout_s
-    return {**turn.update, "llm_calls": [call], "pending": _pending(turn, context, deadline)}
+    return {**turn.update, "llm_calls": [call], "pending": pending}
 
 
 def _pending(turn: Turn, context: Context, deadline: float) -> PendingRound:
-    """The round a turn asks for: each distinct sub-query (``distinct_sub_queries``) of the first ``max_parallel``
-    (one in sequential mode, where a message of several tool calls gets only its first searched)."""
+    """The round a turn asks for: the first ``max_parallel`` of its distinct sub-queries (``distinct_sub_queries``;
+    one in sequential mode, where a message of several tool calls gets only its first searched)."""
     limit = 1 if context.mode == "sequential" else context.max_parallel
-    capped = context.mode == "parallel" and len(turn.sub_queries) > limit
+    distinct = distinct_sub_queries(turn.sub_queries)
+    capped = context.mode == "parallel" and len(distinct) > limit
     return PendingRound(
         kind="search" if turn.action == "search" else "invalid",
         sub_queries=turn.sub_queries,
-        searched=distinct_sub_queries(turn.sub_queries[:limit]),
-        capped_from=len(turn.sub_queries) if capped else None,
+        searched=distinct[:limit],
+        capped_from=len(distinct) if capped else None,
         tool_call_ids=turn.tool_call_ids,
         round_started=time.perf_counter(),
         deadline=deadline,
@@ -186,6 +190,9 @@ async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
         return {**policy_protocol.retry(), "pending": None}
     hits = sorted(state.get("hits", []), key=lambda h: h["index"])
     results = {h["sub_query"]: SubQueryObservation(h["sub_query"], h["texts"], h["error"]) for h in hits}
+    update = policy_protocol.observation(pending, results, context)
+    if not pending["searched"]:  # the model is told why nothing was searched; no round was searched
+        return {**update, "hits": None, "pending": None}
     record = SearchRound(
         round=len(state.get("search_rounds", [])) + 1,
         sub_queries=pending["sub_queries"],
@@ -194,7 +201,6 @@ async def observe(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
         results=[{k: v for k, v in h.items() if k != "texts"} for h in hits],  # type: ignore[misc]
         latency_s=time.perf_counter() - pending["round_started"],
     )
-    update = policy_protocol.observation(pending, results, context)
     return {**update, "search_rounds": [record], "hits": None, "pending": None}
 
 

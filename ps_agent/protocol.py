@@ -208,11 +208,26 @@ def distinct_sub_queries(sub_queries: Sequence[str]) -> list[str]:
     return kept
 
 
+#: words that name nothing to look up: a sub-query of these alone asks nothing of its own
+_FUNCTION_WORDS = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "by", "did", "do", "does", "for", "from", "has", "have", "how", "in",
+    "is", "it", "its", "of", "on", "or", "than", "that", "the", "this", "to", "was", "were", "what", "when", "where",
+    "which", "who", "whom", "whose", "why", "with",
+})  # fmt: skip
+
+
+def _content_words(query: str) -> frozenset[str]:
+    """A sub-query's words that name something: not a function word or a lone letter or digit, and only if one of
+    them has a letter (a bare year or ``1`` names nothing to search for)."""
+    words = frozenset(w for w in _words(query) if len(w) > 1 and w not in _FUNCTION_WORDS)
+    return words if any(c.isalpha() for w in words for c in w) else frozenset()
+
+
 def split_round(searched: Sequence[str]) -> bool:
     """A round that decomposed the question: two or more of its sub-queries ask something the others do not, i.e.
-    their words are not all among another's (the whole question searched beside one of its names is not a split,
-    and earns no decomposition reward)."""
-    words = [frozenset(_words(query)) for query in searched]
+    their content words are not all among another's (the whole question searched beside one of its names is not a
+    split, nor is a name beside ``a``, ``the`` or ``1``: neither earns the decomposition reward)."""
+    words = [_content_words(query) for query in searched]
     own = [w for i, w in enumerate(words) if w and not any(w <= other for j, other in enumerate(words) if j != i)]
     return len(own) > 1
 

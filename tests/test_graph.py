@@ -16,9 +16,11 @@ from ps_agent.context import Context
 from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
 from ps_agent.retrieval import Passage
+from ps_agent.rewards import RewardWeights, format_valid, search_count_component
 from ps_agent.testing import InFlightRetriever, SleepyRetriever, scripted_llm
 
-FOUR = "<think>four independent parts</think>\n<search> a ## b ## c ## d </search>"
+W = RewardWeights()
+FOUR = "<think>four independent parts</think>\n<search> ant ## bee ## cat ## dog </search>"
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 
 
@@ -34,9 +36,9 @@ def test_round_of_four_runs_in_parallel(path):
     out = runs[path]()
     assert retriever.peak == 4, f"{retriever.peak} of a round's 4 searches were in flight at once"
     assert out["answer"] == "Paris"
-    assert sorted(call[0] for call in retriever.calls) == ["a", "b", "c", "d"]
+    assert sorted(call[0] for call in retriever.calls) == ["ant", "bee", "cat", "dog"]
     (record,) = out["trajectory"]["search_rounds"]
-    assert [r["sub_query"] for r in record["results"]] == ["a", "b", "c", "d"]
+    assert [r["sub_query"] for r in record["results"]] == ["ant", "bee", "cat", "dog"]
     assert out["stats"] == out["stats"] | {"llm_calls": 2, "search_rounds": 1, "sub_queries": 4, "decomposed": True}
 
 
@@ -47,15 +49,15 @@ def test_nodes_run_alone_on_a_context():
     update = asyncio.run(think(state, runtime))
     (call,) = update["llm_calls"]
     assert call["turn"] == 1 and call["action"] == "search" and call["latency_s"] > 0
-    assert update["pending"]["searched"] == ["a", "b", "c", "d"]
-    assert [send.arg["sub_query"] for send in route(state | update)] == ["a", "b", "c", "d"]
+    assert update["pending"]["searched"] == ["ant", "bee", "cat", "dog"]
+    assert [send.arg["sub_query"] for send in route(state | update)] == ["ant", "bee", "cat", "dog"]
 
 
 def test_the_graph_takes_its_settings_model_and_retriever_from_the_context():
     retriever = SleepyRetriever()
     context = {"llm": scripted_llm(FOUR, ANSWER), "corpus": retriever, "mode": "sequential", "topk": 1}
     out = graph.invoke({"question": "Q?"}, context=context)
-    assert out["trajectory"]["mode"] == "sequential" and retriever.calls == [["a ## b ## c ## d"]]
+    assert out["trajectory"]["mode"] == "sequential" and retriever.calls == [["ant ## bee ## cat ## dog"]]
     assert len(out["trajectory"]["search_rounds"][0]["results"][0]["passages"]) == 1
     assert out["answer"] == "Paris"
 
@@ -116,7 +118,7 @@ def test_sequential_mode_searches_hashes_as_plain_text():
     retriever = SleepyRetriever()
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever, mode="sequential")
     out = agent.invoke({"question": "Q?"})
-    assert retriever.calls == [["a ## b ## c ## d"]]
+    assert retriever.calls == [["ant ## bee ## cat ## dog"]]
     assert out["stats"]["sub_queries"] == 1
 
 
@@ -124,9 +126,9 @@ def test_observation_joins_results_in_sub_query_order():
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever(), topk=2)
     out = agent.invoke({"question": "Q?"})
     response = out["trajectory"]["response"]
-    positions = [response.index(f"Query: {q}") for q in "abcd"]
+    positions = [response.index(f"Query: {q}") for q in ("ant", "bee", "cat", "dog")]
     assert positions == sorted(positions)
-    assert "Doc 2(Title: Title of d) Passage 1 about d." in response
+    assert "Doc 2(Title: Title of dog) Passage 1 about dog." in response
     assert response.count("<information>") == 1
 
 
@@ -149,6 +151,16 @@ def test_too_many_sub_queries_are_capped_and_the_observation_says_so():
     assert len(retriever.calls) == 3
     assert out["trajectory"]["search_rounds"][0]["capped_from"] == 6
     assert "Only the first 3 of 6 sub-queries were searched" in out["trajectory"]["response"]
+
+
+def test_the_cap_counts_distinct_sub_queries():
+    """A repeated sub-query took a place under ``max_parallel``, and a distinct one past it went unsearched."""
+    retriever = SleepyRetriever()
+    llm = scripted_llm("<search> Einstein birth ## Einstein Birth ## Newton birth </search>", ANSWER)
+    out = ParallelSearchAgent(llm=llm, retriever=retriever, max_parallel=2).invoke({"question": "Q?"})
+    (record,) = out["trajectory"]["search_rounds"]
+    assert record["searched"] == ["Einstein birth", "Newton birth"] and record["capped_from"] is None
+    assert "Only the first" not in out["trajectory"]["response"] and out["stats"]["decomposed"] is True
 
 
 def test_invalid_actions_get_search_r1s_message_and_max_turns_forces_an_answer():
@@ -382,7 +394,7 @@ def test_configurable_overrides_per_run():
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever())
     out = agent.invoke({"question": "Q?"}, config={"configurable": {"mode": "sequential", "topk": 1}})
     assert out["trajectory"]["mode"] == "sequential"
-    assert out["trajectory"]["search_rounds"][0]["searched"] == ["a ## b ## c ## d"]
+    assert out["trajectory"]["search_rounds"][0]["searched"] == ["ant ## bee ## cat ## dog"]
     assert len(out["trajectory"]["search_rounds"][0]["results"][0]["passages"]) == 1
 
 
@@ -399,7 +411,7 @@ def test_as_tool_passes_the_calls_config_to_the_run():
     sequential = {"configurable": {"mode": "sequential"}}
     assert tool.invoke("Q?", config=sequential) == "Paris"
     assert asyncio.run(tool.ainvoke("Q?", config=sequential)) == "Paris"
-    assert retriever.calls == [["a ## b ## c ## d"]] * 2  # searched whole, as sequential mode does
+    assert retriever.calls == [["ant ## bee ## cat ## dog"]] * 2  # searched whole, as sequential mode does
 
 
 class SearchThenAnswer(LLM):
@@ -526,5 +538,9 @@ def test_a_search_of_no_words_is_told_so_and_searches_nothing():
         llm=scripted_llm("<think> x </think>\n<search> . ## ?! </search>", answer), retriever=retriever
     )
     out = agent.invoke("What is the capital of France?")
-    assert retriever.calls == [] and out["trajectory"]["search_rounds"][0]["searched"] == []
     assert "Nothing was searched: each sub-query needs words" in out["trajectory"]["llm_calls"][1]["prompt"]
+    # no round was searched: the turn is invalid, so it earns no search-count credit and breaks the format
+    assert retriever.calls == [] and out["trajectory"]["search_rounds"] == [] and out["stats"]["search_rounds"] == 0
+    first = out["trajectory"]["llm_calls"][0]
+    assert (first["action"], first["error"]) == ("invalid", "no sub-query has a word to search for")
+    assert not format_valid(out["trajectory"]) and search_count_component(out["trajectory"], "comparison", W) < 0

@@ -83,11 +83,11 @@ def test_an_unknown_type_is_refused_by_name():
     ],
 )
 def test_outcome_reward_is_exact_match(answer, golden, expected):
-    assert outcome_component(trajectory(["a"], answer=answer), golden) == expected
+    assert outcome_component(trajectory(["Paris"], answer=answer), golden) == expected
 
 
 def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
-    forced = trajectory(["a", "b"], ["c"], answer="Paris", action="forced_answer", final=" Paris </answer>")
+    forced = trajectory(["Paris", "Berlin"], ["Rome"], answer="Paris", action="forced_answer", final=" Paris </answer>")
     assert outcome_component(forced, ["Paris"]) == 0.0
     assert format_valid(forced) is False
     parts = reward_components(forced, ["Paris"], "comparison")
@@ -99,16 +99,16 @@ def test_a_forced_answer_earns_no_outcome_and_is_not_valid_format():
 @pytest.mark.parametrize(
     ("question_type", "rounds", "expected"),
     [
-        ("comparison", [["a", "b"]], 3 * 0.15),  # parallelisable and decomposed: α·λd
-        ("comparison", [["a"], ["b"]], 0.0),  # parallelisable, not decomposed
-        ("bridge", [["a"], ["b"]], 0.15),  # not parallelisable, not decomposed: λd
-        ("bridge", [["a", "b"], ["c"]], 0.0),  # not parallelisable, decomposed
-        (None, [["a"]], 0.15),  # single-hop, not decomposed
-        (None, [["a", "b"]], 0.0),  # single-hop, decomposed
+        ("comparison", [["Paris", "Berlin"]], 3 * 0.15),  # parallelisable and decomposed: α·λd
+        ("comparison", [["Paris"], ["Berlin"]], 0.0),  # parallelisable, not decomposed
+        ("bridge", [["Paris"], ["Berlin"]], 0.15),  # not parallelisable, not decomposed: λd
+        ("bridge", [["Paris", "Berlin"], ["Rome"]], 0.0),  # not parallelisable, decomposed
+        (None, [["Paris"]], 0.15),  # single-hop, not decomposed
+        (None, [["Paris", "Berlin"]], 0.0),  # single-hop, decomposed
         (None, [], 0.15),  # no search at all is not a decomposition
-        ("hybrid", [["a", "b"], ["c", "d"]], 3 * 0.15),  # hybrid decomposed: rewarded as parallelisable
-        ("hybrid", [["a"], ["b"], ["c"]], 0.0),
-        ("bridge_comparison", [["a", "b"], ["c", "d"]], 3 * 0.15),
+        ("hybrid", [["Paris", "Berlin"], ["Rome", "Madrid"]], 3 * 0.15),  # hybrid decomposed: as parallelisable
+        ("hybrid", [["Paris"], ["Berlin"], ["Rome"]], 0.0),
+        ("bridge_comparison", [["Paris", "Berlin"], ["Rome", "Madrid"]], 3 * 0.15),
         # the whole question beside one of its names, or a rewording of itself, is not a split (was paid α·λd)
         ("comparison", [["Who was born first, Einstein or Newton?", "Einstein"]], 0.0),
         ("comparison", [["Who was born first, Einstein or Newton?", "who was born first einstein or newton"]], 0.0),
@@ -146,12 +146,12 @@ def test_search_count_reward(question_type, n, expected):
 @pytest.mark.parametrize(
     ("traj", "valid"),
     [
-        (trajectory(["a", "b"]), True),
+        (trajectory(["Paris", "Berlin"]), True),
         (trajectory(), True),  # answer straight away
-        (trajectory(["a"], final="<answer> Paris </answer>"), False),  # no think
-        (trajectory(["a"], final="<think> x </think><answer> Paris </answer> trailing"), False),
-        (trajectory(["a"], final="<think> <search> </think><answer> Paris </answer>"), False),  # nested
-        (trajectory(["a"], action="forced_answer", final=" Paris </answer>"), False),  # forced
+        (trajectory(["Paris"], final="<answer> Paris </answer>"), False),  # no think
+        (trajectory(["Paris"], final="<think> x </think><answer> Paris </answer> trailing"), False),
+        (trajectory(["Paris"], final="<think> <search> </think><answer> Paris </answer>"), False),  # nested
+        (trajectory(["Paris"], action="forced_answer", final=" Paris </answer>"), False),  # forced
         (
             {
                 "answer": "x",
@@ -172,17 +172,18 @@ def test_format_validity_is_a_state_machine_over_turns(traj, valid):
     [(1.0, False, -0.1), (0.0, True, 0.1), (1.0, True, 0.0), (0.0, False, 0.0)],
 )
 def test_format_reward(outcome, valid, expected):
-    traj = trajectory(["a"]) if valid else trajectory(["a"], final="<answer> x </answer>")
+    traj = trajectory(["Paris"]) if valid else trajectory(["Paris"], final="<answer> x </answer>")
     assert format_component(traj, outcome, W) == pytest.approx(expected)
 
 
 def test_components_sum_and_weights_are_configurable():
-    parts = reward_components(trajectory(["a", "b"]), ["Paris"], "comparison")
+    parts = reward_components(trajectory(["Paris", "Berlin"]), ["Paris"], "comparison")
     assert parts == pytest.approx(
         {"outcome": 1.0, "decomposition": 0.45, "search_count": 0.0, "format": 0.0, "total": 1.45}
     )
     custom = RewardWeights(decomposition=1.0, parallel_bonus=2.0, search_count=0.5, format=0.2)
-    parts = reward_components(trajectory(["a"], ["b"], ["c"], answer="Rome"), ["Paris"], "comparison", custom)
+    three = trajectory(["Paris"], ["Berlin"], ["Rome"], answer="Rome")
+    parts = reward_components(three, ["Paris"], "comparison", custom)
     assert parts == pytest.approx(
         {"outcome": 0.0, "decomposition": 0.0, "search_count": -1.0, "format": 0.2, "total": -0.8}
     )
@@ -225,9 +226,9 @@ def test_reward_functions_called_as_trl_calls_them_give_each_component_of_each_r
 
     weights = RewardWeights(decomposition=0.2, parallel_bonus=2.0, search_count=0.5, format=0.3)
     rollouts = [
-        (trajectory(["a", "b"]), ["Paris"], "comparison"),  # right, decomposed, one round
-        (trajectory(["a"], ["b"], ["c"], answer="Rome"), ["Paris"], "bridge"),  # wrong, three rounds
-        (trajectory(["a"], answer="Paris", action="forced_answer", final=" Paris </answer>"), ["Paris"], None),
+        (trajectory(["Paris", "Berlin"]), ["Paris"], "comparison"),  # right, decomposed, one round
+        (trajectory(["Paris"], ["Berlin"], ["Rome"], answer="Rome"), ["Paris"], "bridge"),  # wrong, three rounds
+        (trajectory(["Paris"], answer="Paris", action="forced_answer", final=" Paris </answer>"), ["Paris"], None),
     ]
     trajectories, golden, types = (list(x) for x in zip(*rollouts, strict=True))
     # what GRPOTrainer._calculate_rewards passes: prompts, completions, completion_ids, every dataset column and
@@ -256,3 +257,23 @@ def test_reward_functions_called_as_trl_calls_them_give_each_component_of_each_r
     assert by_function["decomposition"][0] == pytest.approx(2.0 * 0.2)  # the weights reached the function
     assert by_function["search_count"][1] == 0.0 and by_function["format"][1] == pytest.approx(0.3)
     assert by_function["outcome"][2] == 0.0 and by_function["search_count"][2] == 0.0
+
+
+@pytest.mark.parametrize(
+    "searched",
+    [
+        ["Who was born first, Isaac Newton or Einstein?", "a"],  # the question beside a stopword
+        ["Isaac Newton?", "1"],  # a lone digit names nothing
+        ["Isaac Newton?", "the"],
+        ["the", "of"],  # nothing to look up at all
+        ["Isaac Newton", "r Isaac Newton", "1990"],  # a lone letter, and a bare year
+    ],
+)
+def test_a_name_beside_a_word_that_names_nothing_is_not_a_split(searched):
+    """Each of these rounds earned the full α·λd decomposition reward: GRPO's cheapest way to the bonus."""
+    assert decomposition_component(trajectory(searched), "comparison", W) == 0.0
+
+
+def test_sub_queries_that_differ_by_a_number_or_a_name_are_a_split():
+    assert decomposition_component(trajectory(["Apollo 11 crew", "Apollo 13 crew"]), "comparison", W) > 0
+    assert decomposition_component(trajectory(["Everest height", "K2 height"]), "comparison", W) > 0
