@@ -137,6 +137,7 @@ def _pending(turn: Turn, context: Context, deadline: float) -> PendingRound:
         searched=distinct[:limit],
         capped_from=len(distinct) if capped else None,
         tool_call_ids=turn.tool_call_ids,
+        call_errors=turn.call_errors or [None] * len(turn.tool_call_ids),
         round_started=time.perf_counter(),
         deadline=deadline,
     )

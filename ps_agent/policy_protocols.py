@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -69,6 +70,7 @@ class Turn:
     answer: str | None = None
     sub_queries: list[str] = field(default_factory=list)
     tool_call_ids: list[str] = field(default_factory=list)
+    call_errors: list[str | None] = field(default_factory=list)  # why each tool call was not searched, if it was not
     error: str | None = None
 
 
@@ -119,7 +121,8 @@ class TagsProtocol:
         )
         update = {"transcript": [*new, Segment(role="model", text=completion.text, token_ids=completion.token_ids)]}
         if forced:
-            return Turn(completion, "forced_answer", update, answer=parse_forced_answer(completion.text))
+            answer = parse_forced_answer(completion.text)
+            return Turn(completion, "forced_answer", update, answer, error=None if answer else "empty final answer")
         action = parse_action(completion.text, context.mode)
         answer = action.content if action.kind == "answer" else None
         return Turn(completion, action.kind, update, answer, sub_queries=list(action.sub_queries), error=action.error)
@@ -172,13 +175,15 @@ class ToolsProtocol:
         # (an unanswered call is an error at OpenAI's API); a call without an id gets one for its answer
         calls = [*reply.tool_calls, *reply.invalid_tool_calls]
         if calls and not forced:
-            queries = [str(call["args"].get("query", "")).strip() for call in reply.tool_calls]
-            queries += [""] * len(reply.invalid_tool_calls)
+            refused = [_refusal(call) for call in reply.tool_calls]
+            refused += [f"its arguments were not valid JSON: {call.get('args')!r}" for call in reply.invalid_tool_calls]
+            queries = [
+                call["args"]["query"].strip() if not why else "" for call, why in zip(calls, refused, strict=True)
+            ]
             ids = [call.get("id") or f"call_{i}" for i, call in enumerate(calls)]
-            return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids)
-        if reply.text.strip():
-            action = "forced_answer" if forced else "answer"
-            return Turn(completion, action, update, answer=parse_forced_answer(reply.text))
+            return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids, call_errors=refused)
+        if answer := parse_forced_answer(reply.text):
+            return Turn(completion, "forced_answer" if forced else "answer", update, answer=answer)
         if forced:
             return Turn(completion, "forced_answer", update, answer="", error="empty final answer")
         return Turn(completion, "invalid", update, error="no tool call and no answer")
@@ -189,11 +194,13 @@ class ToolsProtocol:
     def observation(
         self, pending: PendingRound, results: dict[str, SubQueryObservation], context: Context
     ) -> dict[str, Any]:
-        calls = zip(pending["sub_queries"], pending["tool_call_ids"], strict=True)
-        return {"messages": [ToolMessage(self._result(q, results, context), tool_call_id=i) for q, i in calls]}
+        calls = zip(pending["sub_queries"], pending["tool_call_ids"], pending["call_errors"], strict=True)
+        return {"messages": [ToolMessage(self._result(q, e, results, context), tool_call_id=i) for q, i, e in calls]}
 
     @staticmethod
-    def _result(query: str, results: dict[str, SubQueryObservation], context: Context) -> str:
+    def _result(query: str, error: str | None, results: dict[str, SubQueryObservation], context: Context) -> str:
+        if error:
+            return f'Search failed: {error}; call search with {{"query": "<what to search for>"}}.'
         if not sub_query_key(query):
             return 'Search failed: no words to search for; call search with {"query": "<what to search for>"}.'
         found = next((result for q, result in results.items() if sub_query_key(q) == sub_query_key(query)), None)
@@ -202,6 +209,16 @@ class ToolsProtocol:
                 return "Not searched: one search per turn in sequential mode."
             return f"Not searched: at most {context.max_parallel} searches per round (max_parallel)."
         return render_information([found]).strip()  # its own, or that of the same query written alike
+
+
+def _refusal(call: Mapping[str, Any]) -> str | None:
+    """Why a parsed tool call is not a search: another tool's name, or a query that is not text."""
+    if call["name"] != SEARCH_TOOL["function"]["name"]:
+        return f"there is no tool {call['name']!r}; the only tool is search"
+    query = call["args"].get("query")
+    if not isinstance(query, str):
+        return f"query must be a string, got {type(query).__name__}"
+    return None
 
 
 PROTOCOLS: dict[str, PolicyProtocol] = {"tags": TagsProtocol(), "tools": ToolsProtocol()}

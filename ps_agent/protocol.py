@@ -59,6 +59,8 @@ INVALID_ACTION_MESSAGE = (
 FORCED_ANSWER_PROMPT = "\n\nI have used all my searches, so I must give my final answer now.\n<answer>"
 
 _ACTION_OPEN_RE = re.compile(r"<(search|answer)>")
+_LEADING_THINK_RE = re.compile(r"\s*<think>")
+_EXACT_TAGS = frozenset(f"<{slash}{tag}>" for tag in PROTOCOL_TAGS for slash in ("", "/"))
 _ANY_TAG_RE = re.compile(r"</?\s*(" + "|".join(PROTOCOL_TAGS) + r")\s*>", re.IGNORECASE)
 _NO_TAG = r"(?:(?!</?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*>).)*"
 # what ``neutralise`` defangs in text the model reads: a protocol tag with any spacing, case or attributes
@@ -67,9 +69,7 @@ _TAG_LIKE_RE = re.compile(r"<\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b[
 _CONTROL_RE = re.compile(r"<\|([^<>|\s]{1,64})\|>")
 # the start of a protocol tag still left (one a removal or a replacement joined): its "<" becomes "["
 _TAG_START_RE = re.compile(r"<(?=\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b)", re.IGNORECASE)
-_WELL_FORMED_TURN_RE = re.compile(
-    rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL | re.IGNORECASE
-)
+_WELL_FORMED_TURN_RE = re.compile(rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -242,12 +242,18 @@ def parse_action(text: str, mode: Mode = "parallel") -> Action:
     action = _first_action(text)
     if action is None:
         opened = _ACTION_OPEN_RE.search(text)  # with no complete action, the first tag is unclosed
-        error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
+        misspelt = next((m for m in _ANY_TAG_RE.finditer(text) if m.group(0) not in _EXACT_TAGS), None)
+        if misspelt:
+            error = f"found {misspelt.group(0)}: tags are written exactly <search>…</search> or <answer>…</answer>"
+        else:
+            error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
         return Action("invalid", think=think, error=error)
     kind, content, _ = action
     if _ANY_TAG_RE.search(content):
         return Action("invalid", content=content, think=think, error=f"nested tag inside <{kind}>")
     if kind == "answer":
+        if not content.strip():
+            return Action("invalid", content=content, think=think, error="empty <answer>")
         return Action("answer", content=content.strip(), think=think)
     sub_queries = split_sub_queries(content, mode)
     if not sub_queries:
@@ -262,9 +268,23 @@ def is_well_formed_turn(text: str) -> bool:
 
 
 def parse_forced_answer(completion: str) -> str:
-    """The answer of a forced final turn, whose ``<answer>`` tag the environment pre-filled."""
-    text = completion.split("</answer>", 1)[0]
+    """The answer of a final turn the environment asked for (its ``<answer>`` tag pre-filled for a text model), or
+    of a chat model's plain reply: without the ``<think>`` blocks it may still open with, the body of an
+    ``<answer>`` element it wrote itself, and nothing from a ``<search>`` it wrote instead (empty then)."""
+    at = 0
+    while (opened := _LEADING_THINK_RE.match(completion, at)) and (
+        end := completion.find("</think>", opened.end())
+    ) >= 0:
+        at = end + len("</think>")
+    text = completion[at:]
+    action = _first_action(text)
+    if action is not None and action[0] == "answer":
+        return neutralise(action[1]).strip()
+    text = text.split("</answer>", 1)[0]
     text = re.sub(r"^\s*<answer>", "", text)
+    searched = _ACTION_OPEN_RE.search(text)
+    if searched and searched.group(1) == "search":
+        text = text[: searched.start()]
     return neutralise(text).strip()
 
 

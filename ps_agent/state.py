@@ -77,6 +77,7 @@ class PendingRound(TypedDict):
     searched: list[str]
     capped_from: int | None
     tool_call_ids: list[str]
+    call_errors: list[str | None]  # the tools protocol's: why each call was not searched (None: it was)
     round_started: float  # ``time.perf_counter()``, for the round's latency_s
     deadline: float  # the run's end (``time.time()``): the run's ``AgentState.started_at`` + run_timeout_s
 

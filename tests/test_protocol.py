@@ -93,6 +93,24 @@ def test_forced_answer():
     assert parse_forced_answer("x <answer> y") == "x [answer] y"
 
 
+def test_a_final_answer_drops_the_thinking_before_it_and_a_search_in_its_place():
+    """A chat model asked for its answer still thinks first, as the prompt says: the answer was the thought and
+    the markup ("[think]The passages say Paris.[/think] Paris"), and scored EM 0."""
+    assert parse_forced_answer("<think>The passages say Paris.</think>\n<answer> Paris </answer>") == "Paris"
+    assert parse_forced_answer(" <think>a</think> <think>b</think>\n\nIsaac Newton") == "Isaac Newton"
+    assert parse_forced_answer("<think>need more</think><search> capital of France </search>") == ""
+    assert parse_forced_answer("<think> unclosed, Rome") == "[think] unclosed, Rome"  # not a thought it closed
+
+
+def test_an_empty_answer_or_a_misspelt_tag_is_an_invalid_turn_that_says_what_was_wrong():
+    assert parse_action("<think>x</think><answer>   </answer>").error == "empty <answer>"
+    misspelt = [("<think>x</think><Answer>Paris</Answer>", "<Answer>"), ("<answer>Paris</answer >", "</answer >")]
+    for text, tag in misspelt:
+        action = parse_action(text)
+        assert action.kind == "invalid" and action.error.startswith(f"found {tag}: tags are written exactly")
+        assert not is_well_formed_turn(text)
+
+
 def test_render_information_single_query_is_search_r1():
     block = render_information([SubQueryObservation("q", [("Paris", "Capital of France."), ("Lyon", "A city.")])])
     assert block == (
@@ -245,12 +263,18 @@ def reference_parse_action(text: str, mode: Mode) -> Action:
     match = _REFERENCE_ACTION_RE.search(text)
     if match is None:
         opened = _REFERENCE_OPEN_ACTION_RE.search(text)
+        exact = {f"<{s}{tag}>" for tag in ("think", "search", "information", "answer") for s in ("", "/")}
+        misspelt = [m.group(0) for m in _REFERENCE_ANY_TAG_RE.finditer(text) if m.group(0) not in exact]
         error = f"unclosed <{opened.group(1)}> tag" if opened else "no <search> or <answer> tag"
+        if misspelt:
+            error = f"found {misspelt[0]}: tags are written exactly <search>…</search> or <answer>…</answer>"
         return Action("invalid", think=think, error=error)
     kind, content = match.group(1), match.group(2)
     if _REFERENCE_ANY_TAG_RE.search(content):
         return Action("invalid", content=content, think=think, error=f"nested tag inside <{kind}>")
     if kind == "answer":
+        if not content.strip():
+            return Action("invalid", content=content, think=think, error="empty <answer>")
         return Action("answer", content=content.strip(), think=think)
     sub_queries = split_sub_queries(content, mode)
     if not sub_queries:

@@ -87,7 +87,8 @@ def test_a_call_with_arguments_that_are_not_json_or_without_an_id_is_answered():
     state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "search_rounds", "answer"])
     answered = {m.tool_call_id: m.content for m in state["messages"] if isinstance(m, ToolMessage)}
     assert sorted(answered) == ["c0", "call_0"]
-    assert answered["c0"].startswith("Search failed: no words to search for") and "France" in answered["call_0"]
+    assert answered["c0"].startswith("Search failed: its arguments were not valid JSON")
+    assert "France" in answered["call_0"]
     assert [r["searched"] for r in state["search_rounds"]] == [["France"]] and state["answer"] == "Paris"
 
 
@@ -103,3 +104,28 @@ def test_a_clean_tools_episode_is_format_valid_and_an_invalid_turn_is_not():
     model = chat(AIMessage(""), tool_calls("Eiffel Tower built"), AIMessage("The Statue of Liberty"))
     out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Which is older?")
     assert out["trajectory"]["llm_calls"][0]["action"] == "invalid" and not format_valid(out["trajectory"])
+
+
+def test_a_call_to_another_tool_or_with_a_query_that_is_not_text_is_answered_and_not_searched():
+    """An unknown tool ran as a search, and a null query searched the text "None"."""
+    calls = [
+        {"name": "delete_files", "args": {"query": "Einstein birth"}, "id": "c0", "type": "tool_call"},
+        {"name": "search", "args": {"query": None}, "id": "c1", "type": "tool_call"},
+        {"name": "search", "args": {"query": ["Einstein", "Newton"]}, "id": "c2", "type": "tool_call"},
+        {"name": "search", "args": {"query": "Newton birth"}, "id": "c3", "type": "tool_call"},
+    ]
+    retriever = SleepyRetriever()
+    model = chat(AIMessage("", tool_calls=calls), AIMessage("Isaac Newton"))
+    agent = ParallelSearchAgent(llm=model, retriever=retriever, protocol="tools")
+    state = agent.graph.invoke({"question": "Q?"}, output_keys=["messages", "search_rounds", "answer"])
+    answered = {m.tool_call_id: m.content for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert answered["c0"].startswith("Search failed: there is no tool 'delete_files'; the only tool is search")
+    assert answered["c1"].startswith("Search failed: query must be a string, got NoneType")
+    assert answered["c2"].startswith("Search failed: query must be a string, got list")
+    assert retriever.calls == [["Newton birth"]] and state["search_rounds"][0]["searched"] == ["Newton birth"]
+
+
+def test_a_plain_answer_after_thinking_is_the_answer_alone():
+    model = chat(AIMessage("<think>Newton 1642, Einstein 1879.</think>\n\nIsaac Newton"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke({"question": "Q?"})
+    assert out["answer"] == "Isaac Newton"
