@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Annotated, Any, Literal, TypedDict, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_origin, get_type_hints
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 from langgraph.types import Overwrite
+from typing_extensions import TypedDict  # pydantic builds the served input and output schemas from it before 3.12
 
 from ps_agent.protocol import split_round
 

@@ -61,6 +61,9 @@ def test_langgraph_dev_serves_the_graph(qwen_path, tmp_path):
         ]
         for run_output, message in zip(refused, expected, strict=True):  # issue 27: only the operator's names
             assert message in str(run_output) and "private line" not in str(run_output), run_output
+        # the form Studio shows for a run: a null schema (pydantic refused typing.TypedDict on 3.11) showed none
+        assert schemas["input_schema"]["required"] == ["question"], schemas["input_schema"]
+        assert {"answer", "trajectory", "stats"} <= set(schemas["output_schema"]["properties"])
         settings = schemas["context_schema"]["properties"]  # what Studio shows as the assistant's settings
         assert sorted(settings) == sorted(f.name for f in fields(AgentConfig))
         assert settings["mode"]["enum"] == ["parallel", "sequential"] and settings["topk"]["default"] == 3
