@@ -46,6 +46,11 @@ class Context(AgentConfig):
     def retriever(self) -> Retriever:
         return resolve_retriever(self.corpus_spec)
 
+    def failure(self, kind: str, reason: str) -> str:
+        """What a run reports when its ``llm`` or ``corpus`` (``kind``) failed: the reason itself here; a served
+        context names the client's choice instead, since the reason may hold the private host behind it."""
+        return reason
+
     @property
     def backend(self) -> object:
         """What ``search_rate_limit`` limits: the object given as ``corpus`` (a LangChain retriever, not the

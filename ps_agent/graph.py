@@ -97,9 +97,10 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
         thinking = PROTOCOLS[context.protocol].think(state, context, forced=number > context.max_turns)
         turn = await asyncio.wait_for(thinking, remaining)
     except Exception as exc:
-        reason = f"run_timeout_s={context.run_timeout_s:g} reached" if isinstance(exc, TimeoutError) else ""
+        timed_out = isinstance(exc, TimeoutError)
+        reason = f"run_timeout_s={context.run_timeout_s:g} reached" if timed_out else context.failure("llm", str(exc))
         raise AgentError(
-            f"LLM call failed on turn {number}: {type(exc).__name__}: {reason or exc}",
+            f"LLM call failed on turn {number}: {type(exc).__name__}: {reason}",
             trajectory_of(state, context.mode, context.protocol),
             stats_of(state),
         ) from exc
@@ -168,6 +169,7 @@ async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
         backend=context.backend,
         deadline=min(task.get("deadline", math.inf), time.time() + context.run_timeout_s),  # a Send a client made too
     )
+    error = outcome.error and context.failure("corpus", outcome.error)  # what the model and the client read
     if outcome.error:
         logger.warning("search for %r failed: %s", task["sub_query"], outcome.error)
     hit = SubQueryResult(
@@ -175,7 +177,7 @@ async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
         sub_query=task["sub_query"],
         passages=[{"id": p.id, "title": p.title, "score": p.score} for p in outcome.passages],
         texts=[(p.title, p.text) for p in outcome.passages],
-        error=outcome.error,
+        error=error,
         attempts=outcome.attempts,
         latency_s=outcome.latency_s,
     )

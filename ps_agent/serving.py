@@ -129,6 +129,11 @@ def served_context(choices: Choices) -> type[Context]:
         def corpus_spec(self) -> Any:
             return choices.pick("corpus", self.corpus)
 
+        def failure(self, kind: str, reason: str) -> str:
+            name = self.llm if kind == "llm" else self.corpus
+            logger.warning("the offered %s %r failed: %s", kind, name, reason)
+            return f"{kind} {name or 'default'!r} failed (the server's log says why)"
+
         # what an offered name resolves to: a failure names the client's choice only (the spec behind it may be
         # a private path or host), and the operator's log has the reason
         @cached_property

@@ -123,6 +123,26 @@ def test_an_offered_name_that_fails_to_resolve_names_the_choice_not_the_spec():
     assert "/srv/private" not in str(error.value)
 
 
+def test_a_served_run_names_the_choice_that_failed_not_the_host_behind_it():
+    """The model server's or the retrieval server's error reached the client with its private URL in it."""
+    with RecordingServerDouble() as private:
+        answer = "<think> read </think>\n<answer> Paris </answer>"
+        choices = Choices(
+            llms={"fast": f"vllm:{private.url}/v1", "scripted": scripted_llm("<search> Paris </search>", answer)},
+            corpora={"remote": f"{private.url}/retrieve"},
+        )
+        graph = served_graph(choices)
+        with pytest.raises(AgentError, match=r"llm 'fast' failed \(the server's log says why\)") as error:
+            graph.invoke({"question": "Q?"}, context={"llm": "fast", "corpus": "remote"})
+        assert private.url not in str(error.value) and "127.0.0.1" not in str(error.value)
+        settings = {"llm": "scripted", "corpus": "remote", "search_retries": 0}
+        out = graph.invoke({"question": "Q?"}, context=settings)
+        (result,) = out["trajectory"]["search_rounds"][0]["results"]
+        assert result["error"] == "corpus 'remote' failed (the server's log says why)"
+        assert "127.0.0.1" not in str(out)
+        assert len(private.hits) >= 2  # both servers were called and failed
+
+
 def test_retries_stop_when_the_run_cannot_hold_another_attempt_and_keep_the_real_error():
     failing = SleepyRetriever(fail_times=9, error=RuntimeError("boom"))
     deadline = __import__("time").time() + 0.5
