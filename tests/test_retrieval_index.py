@@ -245,6 +245,20 @@ def test_bad_build_options_are_refused_before_anything_is_written(corpus, tmp_pa
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+def test_a_folder_of_other_files_is_refused_as_out_and_keeps_them(corpus, tmp_path):
+    """The build wrote its build.json over the folder's and replaced its bm25/ (notes.txt was deleted)."""
+    out = tmp_path / "project"
+    (out / "bm25").mkdir(parents=True)
+    (out / "bm25" / "notes.txt").write_text("mine")
+    (out / "build.json").write_text('["my own file"]')
+    with pytest.raises(IndexMismatch, match="is not empty and holds no index build: give a new or empty folder"):
+        build_index(corpus, out, ["bm25"], progress=False)
+    assert (out / "bm25" / "notes.txt").read_text() == "mine" and (out / "build.json").read_text() == '["my own file"]'
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(IndexMismatch, match="is a file"):
+        build_index(corpus, tmp_path / "file", ["bm25"], progress=False)
+
+
 def test_a_build_that_failed_before_keeping_anything_is_started_again_on_a_fixed_corpus(corpus, tmp_path):
     bad = tmp_path / "corpus.jsonl"
     bad.write_text(corpus.read_text() + '{"id": "x"}\n')

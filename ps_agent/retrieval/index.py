@@ -65,6 +65,21 @@ def _same_build(plan: dict, previous: dict) -> str | None:
     return None
 
 
+def _check_out(out: Path) -> None:
+    """``out`` is new, empty or a build of ours (its ``build.json``, written before anything else): a build
+    writes into it and replaces the parts it builds (``bm25/``), so it must not be a folder of other files."""
+    if out.exists() and not out.is_dir():
+        raise IndexMismatch(f"--out {out} is a file: give a new or empty folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        plan = json.loads((out / "build.json").read_text())
+    except (OSError, ValueError):
+        plan = None
+    if not isinstance(plan, dict) or "format" not in plan:
+        raise IndexMismatch(f"--out {out} is not empty and holds no index build: give a new or empty folder")
+
+
 def build_index(
     corpus: str | Path,
     out: str | Path,
@@ -85,6 +100,7 @@ def build_index(
     if unknown or not index_types:
         raise ValueError(f"unknown index type(s) {unknown or '(none)'}: expected some of {', '.join(INDEX_TYPES)}")
     out = Path(out)
+    _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     dense_types = [t for t in index_types if t in DENSE_TYPES]
     plan = {
