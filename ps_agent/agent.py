@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
-from ps_agent.configuration import RESOURCES, AgentConfig
+from ps_agent.configuration import RESOURCES, AgentConfig, configurable_of
 from ps_agent.context import Context
 from ps_agent.graph import graph_for
 from ps_agent.runner import run_sync
@@ -63,15 +64,34 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
                 f"got context={kwargs['context']!r:.80}"
             )
         context = self.context.with_overrides(config)
-        configurable = (config or {}).get("configurable", {})
-        picked = {kind: self.choices.pick(kind, configurable[kind]) for kind in RESOURCES if kind in configurable}
+        configurable = configurable_of(config)  # a name of None picks nothing: the agent's own stays
+        picked = {kind: self.choices.pick(kind, name) for kind in RESOURCES if (name := configurable.get(kind))}
         if picked:
             context = replace(context, **picked)
         return merge_configs(context.limits, config), context
 
     @staticmethod
-    def _input(input: dict[str, Any] | str) -> dict[str, Any]:
-        return {"question": input} if isinstance(input, str) else input
+    def _input(input: dict[str, Any] | str | BaseMessage | Sequence[BaseMessage]) -> dict[str, Any]:
+        """The graph's input: ``{"question": ...}`` as given, or a question given as text, or as a chat's messages
+        (the last human message's text), as a LangChain chain passes them."""
+        if isinstance(input, Mapping):
+            if "question" not in input:
+                raise ValueError(
+                    f"the input has no 'question' (it holds {sorted(map(str, input))}): expected {{'question': str}}"
+                )
+            return dict(input)
+        if isinstance(input, str):
+            return {"question": input}
+        messages = [input] if isinstance(input, BaseMessage) else input
+        if isinstance(messages, Sequence) and messages and all(isinstance(m, BaseMessage) for m in messages):
+            human = [m for m in messages if isinstance(m, HumanMessage)]
+            if human:
+                return {"question": human[-1].text}
+            raise ValueError("the messages hold no human message: expected the question as a HumanMessage")
+        raise TypeError(
+            f"expected a question string, {{'question': str}} or chat messages, got {type(input).__name__}: "
+            f"{input!r:.80}"
+        )
 
     def invoke(
         self, input: dict[str, Any] | str, config: RunnableConfig | None = None, **kwargs: Any
@@ -104,11 +124,13 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, **kwargs: Any
     ) -> list[Any]:
         """Runs at once: at most the agent's ``max_concurrency``, unless the config says how many."""
+        _check_batch(inputs)
         return super().batch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
     async def abatch(
         self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, **kwargs: Any
     ) -> list[Any]:
+        _check_batch(inputs)
         return await super().abatch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
     def _batch_configs(self, config: RunnableConfig | list[RunnableConfig] | None, n: int) -> list[RunnableConfig]:
@@ -141,3 +163,9 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
             f.name: getattr(self.context, f.name) for f in fields(self.context) if f.name not in ("llm", "corpus")
         }
         return f"ParallelSearchAgent({settings})"
+
+
+def _check_batch(inputs: Any) -> None:
+    """``batch`` takes a list of inputs: a string would run one question per character."""
+    if isinstance(inputs, (str, Mapping)):
+        raise TypeError(f"batch takes a list of questions, got one {type(inputs).__name__}: {inputs!r:.80}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -121,10 +122,18 @@ class AgentConfig:
     def with_overrides(self, config: RunnableConfig | None) -> AgentConfig:
         """This config with the known settings of ``config["configurable"]`` applied, ``RESOURCES`` aside (a
         per-request ``configurable`` picks those by name: ``ParallelSearchAgent`` and ``ps_agent.serving``)."""
-        configurable = (config or {}).get("configurable", {})
+        configurable = configurable_of(config)
         names = {f.name for f in fields(self)} - set(RESOURCES)
         overrides = {k: v for k, v in configurable.items() if k in names}
         return replace(self, **overrides) if overrides else self
+
+
+def configurable_of(config: RunnableConfig | None) -> Mapping[str, Any]:
+    """A run config's ``configurable`` (none: empty), refused unless it is a mapping."""
+    configurable = (config or {}).get("configurable") or {}
+    if not isinstance(configurable, Mapping):
+        raise TypeError(f"config['configurable'] must be a mapping of settings, got {type(configurable).__name__}")
+    return configurable
 
 
 def describe(name: str) -> str:

@@ -61,7 +61,11 @@ async def prepare(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any
     state starts afresh, even on a thread that ran before."""
     context = runtime.context
     question = state.get("question")
-    if not isinstance(question, str) or not question.strip():
+    if question is None:
+        raise ValueError("the input has no 'question': expected {'question': str}")
+    if not isinstance(question, str):
+        raise ValueError(f"question must be a string, got {type(question).__name__}: {question!r:.80}")
+    if not question.strip():
         raise ValueError(f"question is empty: expected a non-empty string, got {question!r}")
     if found := lone_surrogates(question):
         raise ValueError(

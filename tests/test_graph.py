@@ -1,12 +1,14 @@
 """The graph through its real LangGraph machinery, with scripted policies and retrievers (test doubles)."""
 
 import asyncio
+import re
 import time
 
 import pytest
 from langchain_core.documents import Document
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.language_models.llms import LLM
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -17,6 +19,7 @@ from ps_agent.graph import graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
 from ps_agent.retrieval import Passage
 from ps_agent.rewards import RewardWeights, format_valid, search_count_component
+from ps_agent.serving import Choices
 from ps_agent.testing import InFlightRetriever, SleepyRetriever, scripted_llm
 
 W = RewardWeights()
@@ -244,11 +247,49 @@ def test_llm_error_carries_the_partial_trajectory():
     assert info.value.stats["sub_queries"] == 4
 
 
-@pytest.mark.parametrize("question", ["", "   \n", None, 42])
+@pytest.mark.parametrize("question", ["", "   \n"])
 def test_empty_question_is_a_value_error(question):
     agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
     with pytest.raises(ValueError, match="question is empty"):
         agent.invoke({"question": question})
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "message"),
+    [
+        ({"question": 42}, ValueError, "question must be a string, got int: 42"),  # was "question is empty"
+        ({"query": "Q?"}, ValueError, r"the input has no 'question' \(it holds \['query'\]\): expected \{'question'"),
+        (42, TypeError, "expected a question string, {'question': str} or chat messages, got int"),  # LangGraph's
+        ([AIMessage("hi")], ValueError, "the messages hold no human message"),
+    ],
+)
+def test_input_of_the_wrong_shape_says_what_was_expected(given, error, message):
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    with pytest.raises(error, match=message if error is ValueError else re.escape(message)):
+        agent.invoke(given)
+
+
+def test_a_chat_s_messages_ask_their_last_human_message():
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER, ANSWER), retriever=SleepyRetriever())
+    out = agent.invoke([HumanMessage("Old question?"), AIMessage("Rome"), HumanMessage("Capital of France?")])
+    assert out["trajectory"]["question"] == "Capital of France?"
+    assert agent.invoke(HumanMessage("Capital of Italy?"))["trajectory"]["question"] == "Capital of Italy?"
+    with pytest.raises(TypeError, match="batch takes a list of questions, got one str"):  # ran 'Q' and '?'
+        agent.batch("Q?")
+
+
+def test_a_configurable_of_none_keeps_the_agents_own_model_and_retriever():
+    """A name of None picked the operator's default model and corpus in place of the agent's own."""
+    own = SleepyRetriever()
+    offered = SleepyRetriever()
+    agent = ParallelSearchAgent(
+        llm=scripted_llm("<search> Paris </search>", ANSWER), retriever=own, choices=Choices(corpora={"w": offered})
+    )
+    out = agent.invoke("Q?", config={"configurable": {"llm": None, "corpus": None}})
+    assert out["answer"] == "Paris" and own.calls == [["Paris"]] and offered.calls == []
+    assert agent.invoke("Q?", config={"configurable": None})["answer"] == "Paris"  # LangChain's "no settings"
+    with pytest.raises(TypeError, match=r"config\['configurable'\] must be a mapping of settings, got list"):
+        agent.invoke("Q?", config={"configurable": [1]})
 
 
 def test_long_question_is_truncated_with_a_warning(caplog):

@@ -389,3 +389,10 @@ def test_slow_headers_and_bodies_are_closed_and_good_clients_are_served():
     good, closed = asyncio.run(scenario())
     assert [reply.status_code for reply in good] == [200] * 5
     assert closed == 12
+
+
+@pytest.mark.parametrize("limit", ["max_wait_ms", "read_timeout_s"])
+def test_an_endless_limit_is_refused(limit):
+    """``--max-wait-ms inf`` was taken: every request waited for ever, and SIGTERM no longer stopped the server."""
+    with pytest.raises(ValueError, match=f"ServerLimits.{limit} must be a finite number > 0, got inf"):
+        ServerLimits(**{limit: float("inf")})

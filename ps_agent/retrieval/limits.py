@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 
@@ -41,8 +42,8 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not isinstance(value, bool) and not value > 0:
-                raise ValueError(f"ServerLimits.{name} must be > 0, got {value!r}")
+            if not isinstance(value, bool) and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"ServerLimits.{name} must be a finite number > 0, got {value!r}")
 
 
 class ReadDeadlineProtocol(HttpToolsProtocol):
