@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import Run  # noqa: E402
+from ps_agent.episodes import scored  # noqa: E402
 from ps_agent.metrics import mean  # noqa: E402
 
 BANDS = ((2, 2), (3, 3), (4, 5), (6, 8))
@@ -42,12 +43,13 @@ def table(records: list[dict[str, Any]], k_of: dict[str, int]) -> list[dict[str,
     rows = []
     for low, high in BANDS:
         part = [r for r in records if low <= k_of.get(r["id"], 0) <= high]
-        first = [r["sub_queries_per_round"][0] if r["sub_queries_per_round"] else 0 for r in part]
+        ran = [r for r in part if r["error"] is None]  # what the agent did, over the questions whose run ended
+        first = [r["sub_queries_per_round"][0] if r["sub_queries_per_round"] else 0 for r in ran]
         rows.append({
             "k": str(low) if low == high else f"{low}-{high}",
             "n": len(part),
-            "em": mean([r["em"] for r in part]),
-            "split": mean([float(r["decomposed"]) for r in part]),
+            "em": mean([scored(r, "em") for r in part]),
+            "split": mean([float(r["decomposed"]) for r in ran]),
             "first_round_sub_queries": mean(first),
             "chance_em": mean([1 / k_of[r["id"]] for r in part]),
         })  # fmt: skip

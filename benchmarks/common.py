@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ps_agent.configuration import BOUNDS
-from ps_agent.episodes import aggregate, interval, scored
+from ps_agent.episodes import aggregate, interval, question_key, scored
 from ps_agent.eval import MODES, EvalSettings, evaluate
 from ps_agent.eval_report import em_row, read_results
 from ps_agent.llms import (
@@ -244,12 +244,6 @@ class Run:
             raise ValueError(f"--sets {','.join(sets)}: run {self.name!r} has no line of these sets (it has: {have})")
         return [r for r in lines if r["dataset"] in sets] if sets else lines
 
-    def errors(self, sets: Sequence[str] | None = None) -> list[str]:
-        """The questions of this run's mode (and of ``sets``) whose latest line ended in an error (scored 0 in
-        EM, left out of the behaviour columns), as ``DATASET ID: ERROR``."""
-        lines = [r for r in read_results(self.folder) if r["mode"] == self.mode]
-        return errored([r for r in lines if not sets or r["dataset"] in sets])
-
 
 def errored(records: Sequence[dict[str, Any]]) -> list[str]:
     """The records whose run ended in an error, as ``DATASET ID: ERROR``."""
@@ -266,7 +260,8 @@ def paired(ours: list[dict], baseline: list[dict], rng: np.random.Generator, boo
     """Ours minus the baseline in EM (an errored question scores 0) on the questions both were asked, and ours over
     the baseline in turns on those both ran."""
     theirs = {(r["dataset"], r["id"]): r for r in baseline}
-    pairs = [(r, theirs[(r["dataset"], r["id"])]) for r in ours if (r["dataset"], r["id"]) in theirs]
+    ordered = sorted(ours, key=question_key)  # the resamples do not depend on the order runs finished in
+    pairs = [(r, theirs[(r["dataset"], r["id"])]) for r in ordered if (r["dataset"], r["id"]) in theirs]
     if not pairs:
         return None
     em_diff = np.array([100.0 * (scored(a, "em") - scored(b, "em")) for a, b in pairs])
@@ -312,7 +307,7 @@ def compare(
     datasets = sorted({r["dataset"] for records in lines.values() for r in records})
     result: dict[str, Any] = {
         "runs": {
-            r.name: {"folder": str(r.folder), "mode": r.mode, "errors": r.errors(sets)}
+            r.name: {"folder": str(r.folder), "mode": r.mode, "errors": errored(lines[r.name])}  # those tabled
             | {"not_shared": not_shared[r.name]}
             for r in runs
         }
@@ -359,6 +354,10 @@ def compare(
     return result
 
 
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"  # what the agent did: none of the cell's runs ended
+
+
 def _ci(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
     if value is None or ci is None:
         return "–"  # nothing to measure: e.g. no question both runs ran without error
@@ -379,8 +378,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
     for key, by_model in result["by_class"].items():
         for name, c in by_model.items():
             lines.append(
-                f"| {key} | {name} | {c['n']} | {_ci(c['em'], c['em_ci'])} | {c['decomposition_ratio']:.1f} | "
-                f"{c['seconds_per_question']:.2f} | {_ci(c['turns'], c['turns_ci'], 2)} |"
+                f"| {key} | {name} | {c['n']} | {_ci(c['em'], c['em_ci'])} | {_cell(c.get('decomposition_ratio'))} | "
+                f"{_cell(c.get('seconds_per_question'), 2)} | {_ci(c.get('turns'), c.get('turns_ci'), 2)} |"
             )
     datasets = list(result["by_dataset"])
     lines += ["", "## Exact match (%) per benchmark (Table 2 layout)", ""]
@@ -415,9 +414,9 @@ def pooled_rows(pooled: dict[str, dict[str, dict]]) -> list[str]:
         cells = [name, str(pooled["all"][name]["n"]), _ci(pooled["all"][name]["em"], pooled["all"][name]["em_ci"])]
         cells += [at(cls, name, lambda c: f"{c['em']:.1f} (n={c['n']})") for cls in classes]
         cells += [
-            at(cls, name, lambda c: f"{c['decomposition_ratio']:.1f}") for cls in ("parallelisable", "sequential")
+            at(cls, name, lambda c: _cell(c.get("decomposition_ratio"))) for cls in ("parallelisable", "sequential")
         ]
-        cells.append(at("parallelisable", name, lambda c: _ci(c["turns"], c["turns_ci"], 2)))
+        cells.append(at("parallelisable", name, lambda c: _ci(c.get("turns"), c.get("turns_ci"), 2)))
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -434,8 +433,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(1, len(names))
     for ax, metric, title in ((axes[0], "em", "exact match (%)"), (axes[1], "turns", "LLM calls per question")):
         for i, name in enumerate(names):
-            xs = [x + i * width for x, k in enumerate(keys) if name in result["by_class"][k]]
-            cells = [result["by_class"][k][name] for k in keys if name in result["by_class"][k]]
+            shown = [(x, result["by_class"][k].get(name)) for x, k in enumerate(keys)]  # no bar: none of it ran
+            xs = [x + i * width for x, c in shown if c is not None and c.get(metric) is not None]
+            cells = [c for _, c in shown if c is not None and c.get(metric) is not None]
             values = [c[metric] for c in cells]
             errors = [
                 [v - c[f"{metric}_ci"][0] for v, c in zip(values, cells, strict=True)],
@@ -478,8 +478,9 @@ def paper_tables(
     flags += [f"--bootstrap {bootstrap}", f"--seed {seed}", f"--out {out}"]
     result["command"] = " ".join(["python benchmarks/paper_table.py", *flags])
     out.parent.mkdir(parents=True, exist_ok=True)
+    page = markdown(result, result["command"])  # before anything is written: a failure leaves no half-new pair
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result, result["command"]))
+    out.with_suffix(".md").write_text(page)
     if result["by_class"]:
         plot(result, figure(out))
     return result

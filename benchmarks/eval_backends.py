@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, Run, answer, save, validation_sets  # noqa: E402
+from ps_agent.episodes import scored  # noqa: E402
 
 DEVICES = ("cpu", "vllm-cpu")
 
@@ -48,15 +49,18 @@ def measure(args: argparse.Namespace) -> dict:
         records = {(r["dataset"], r["id"]): r for r in Run(device, folder, mode).records()}
         first = first or records
         n = len(records)
-        same = [records[key]["answer"] == first[key]["answer"] for key in records.keys() & first.keys()]
+        ran = [r for r in records.values() if r["error"] is None]
+        both = [key for key in records.keys() & first.keys() if records[key]["error"] is first[key]["error"] is None]
+        same = [records[key]["answer"] == first[key]["answer"] for key in both]
         rows.append({
             "device": device,
             "questions": n,
             "load_s": round(seconds["load_s"], 1),
             "answer_s": round(seconds["answer_s"], 1),
             "s_per_question": round(seconds["answer_s"] / n, 2),
-            "em": round(sum(r["em"] for r in records.values()) / n, 3),
-            "llm_calls": round(sum(r["llm_calls"] for r in records.values()) / n, 2),
+            "em": round(sum(scored(r, "em") for r in records.values()) / n, 3),
+            "errors": n - len(ran),
+            "llm_calls": round(sum(r["llm_calls"] for r in ran) / len(ran), 2) if ran else None,
             "same_answer_as_first": round(sum(same) / len(same), 3) if same else None,
         })  # fmt: skip
         print(rows[-1], flush=True)

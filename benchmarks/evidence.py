@@ -40,16 +40,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, Run, save
+from ps_agent.episodes import scored
 from ps_agent.metrics import cover_exact_match, mean
 from ps_agent.questions import SHARED_DATA, yes_no
 from training.plans import passages_by_id
+
+
+def _timeline(record: dict[str, Any]) -> dict[str, Any]:
+    """An eval line's turns and search rounds: none for a question whose run errored (it scores 0)."""
+    return record.get("timeline") or {"turns": [], "search_rounds": []}
 
 
 def retrieved_ids(record: dict[str, Any], rounds: slice = slice(None)) -> set[str]:
     """The passage ids an eval line's searches returned (in ``rounds``: all of them by default)."""
     return {
         passage["id"]
-        for round_ in record["timeline"]["search_rounds"][rounds]
+        for round_ in _timeline(record)["search_rounds"][rounds]
         for result in round_["results"]
         for passage in result["passages"] or ()
     }
@@ -57,7 +63,7 @@ def retrieved_ids(record: dict[str, Any], rounds: slice = slice(None)) -> set[st
 
 def last_think(record: dict[str, Any]) -> str:
     """The think text of an eval line's last model turn ('' without one)."""
-    turns = record["timeline"]["turns"]
+    turns = _timeline(record)["turns"]
     completion = (turns[-1].get("completion") or "") if turns else ""
     return completion.split("</think>")[0] if "</think>" in completion else ""
 
@@ -89,7 +95,7 @@ def nests(answer: str | None, golden: list[str]) -> bool:
 def searched_answer(record: dict[str, Any]) -> bool:
     """An eval line's answer names one of its search queries (as whole words, either way round)."""
     answer = record.get("answer")
-    queries = [q for round_ in record["timeline"]["search_rounds"] for q in round_["sub_queries"]]
+    queries = [q for round_ in _timeline(record)["search_rounds"] for q in round_["sub_queries"]]
     return any(nests(answer, [q]) for q in queries)
 
 
@@ -99,15 +105,16 @@ def evidence(record: dict[str, Any], support: list[str], texts: dict[str, str]) 
     readable = yes_no(record["golden_answers"]) is None
     read = " ".join(texts.get(i, "") for i in found)
     retrieved = cover_exact_match(read, record["golden_answers"]) if readable else None
-    missed = missed_where(record, texts) if retrieved and not record["em"] else None
+    em = scored(record, "em")
+    missed = missed_where(record, texts) if retrieved and not em else None
     return {
         "support_found": sum(i in found for i in support) / len(support),
         "all_support": all(i in found for i in support),
         "answer_retrieved": retrieved,
-        "em": record["em"],
+        "em": em,
         "missed": missed,
         "span": missed == "quoted" and nests(record.get("answer"), record["golden_answers"]),
-        "searched_answer": (not record["em"] and searched_answer(record)) if readable else None,
+        "searched_answer": (not em and searched_answer(record)) if readable else None,
     }
 
 

@@ -42,6 +42,7 @@ from benchmarks.common import (  # noqa: E402
     validation_sets,
 )
 from ps_agent.episodes import aggregate  # noqa: E402
+from ps_agent.metrics import normalize_answer  # noqa: E402
 from ps_agent.questions import QUESTION_CLASSES, read_jsonl, yes_no  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
 
@@ -96,8 +97,9 @@ def rows(name: str, records: list[dict[str, Any]], bootstrap: int, seed: int = 0
         out.append({
             "policy": name, "dataset": dataset, "class": cls, "n": a["n"],
             "em": a["em"], "em_low": a["em_ci"][0], "em_high": a["em_ci"][1], "f1": a["f1"],
-            "split": a["decomposition_ratio"], "two_rounds": a["two_rounds"], "llm_calls": a["turns"],
-            "seconds": a["seconds_per_question"], "format_valid": a["format_valid"], "forced": a["forced_answer"],
+            "split": a.get("decomposition_ratio"), "two_rounds": a.get("two_rounds"), "llm_calls": a.get("turns"),
+            "seconds": a.get("seconds_per_question"), "format_valid": a.get("format_valid"),
+            "forced": a.get("forced_answer"),
         })  # fmt: skip
     return out
 
@@ -110,7 +112,7 @@ def yes_no_answers(name: str, records: list[dict[str, Any]]) -> list[dict]:
         gold = yes_no(r["golden_answers"])
         if gold is None:
             continue
-        said = str(r["answer"] or "").strip().lower().rstrip(".")
+        said = normalize_answer(str(r["answer"] or ""))  # as EM reads it: "Yes!" and '"yes"' are yes
         row = out.setdefault(r["dataset"], {"policy": name, "dataset": r["dataset"], "yes": {}, "no": {}})
         key = said if said in ("yes", "no") else "other"
         row[gold][key] = row[gold].get(key, 0) + 1
@@ -140,10 +142,15 @@ def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict
         "| policy | set | class | n | EM % [95% CI] | F1 % | split % | ≥2 rounds % | LLM calls | s/question "
         "| format % | forced % |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
+
+    def cell(value: float | None, spec: str) -> str:  # None: no question of the cell ran to its end
+        return "–" if value is None else format(value, spec)
+
     lines = [
         f"| {r['policy']} | {r['dataset']} | {r['class']} | {r['n']} | {r['em']:.1f} [{r['em_low']:.1f}, "
-        f"{r['em_high']:.1f}] | {r['f1']:.1f} | {r['split']:.0f} | {r['two_rounds']:.0f} | {r['llm_calls']:.2f} "
-        f"| {r['seconds']:.1f} ({r['device']}) | {r['format_valid']:.0f} | {r['forced']:.0f} |"
+        f"{r['em_high']:.1f}] | {r['f1']:.1f} | {cell(r['split'], '.0f')} | {cell(r['two_rounds'], '.0f')} "
+        f"| {cell(r['llm_calls'], '.2f')} | {cell(r['seconds'], '.1f')} ({r['device']}) "
+        f"| {cell(r['format_valid'], '.0f')} | {cell(r['forced'], '.0f')} |"
         for r in table
     ]
     note = "Seconds per question are comparable only between rows run on the same device (in brackets)."

@@ -91,6 +91,11 @@ def scored(record: dict[str, Any], metric: str) -> float:
     return 0.0 if record["error"] is not None else float(record[metric])
 
 
+def question_key(record: dict[str, Any]) -> tuple[str, str]:
+    """A result line's question, as results are ordered for resampling: its dataset and id."""
+    return str(record.get("dataset", "")), str(record.get("id", ""))
+
+
 def aggregate(
     records: Sequence[dict[str, Any]], bootstrap: int = 0, rng: np.random.Generator | None = None
 ) -> dict[str, Any]:
@@ -99,10 +104,12 @@ def aggregate(
     did (decomposition, turns, seconds, …) is averaged over the records that ran. ``bootstrap``: that many
     resamples of the questions (``rng``, default seeded 0) give 95% intervals on EM and on turns (``em_ci``,
     ``turns_ci``)."""
+    records = sorted(records, key=question_key)  # the resamples do not depend on the order runs finished in
     ok = [r for r in records if r["error"] is None]
     summary: dict[str, Any] = {"n": len(records), "errors": len(records) - len(ok)}
-    if not ok:
-        return summary
+    if not ok:  # every run failed: each scores 0, and there is no behaviour to average
+        zero = {"em_ci": [0.0, 0.0]} if bootstrap and records else {}
+        return summary | ({"em": 0.0, "f1": 0.0, "cover_em": 0.0} | zero if records else {})
     seen = behaviour(ok)
     em = np.array([100.0 * scored(r, "em") for r in records])
     turns = np.array([float(r["llm_calls"]) for r in ok])

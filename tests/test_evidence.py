@@ -161,3 +161,15 @@ def test_a_quoted_miss_that_only_cuts_the_span_wrong_is_told_apart(folders, tmp_
     (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
               if r["class"] == "sequential"]  # fmt: skip
     assert row["missed_quoted"] == 75.0 and row["missed_quoted_span"] == 50.0
+
+
+def test_a_question_whose_run_errored_counts_as_found_nothing_and_answered_wrong(folders, tmp_path):
+    """An error line has no timeline: the script stopped with KeyError 'timeline'."""
+    data, run = folders
+    failed = {k: v for k, v in line("b2", "sequential", None, ["Bruce Willis"], 0.0, []).items() if k != "timeline"}
+    lines = [line("b1", "sequential", "Bruce Willis", ["Bruce Willis"], 1.0, [["p-film"], ["p-dunn"]])]
+    lines.append(failed | {"em": None, "error": "RuntimeError: boom"})
+    (run / "results" / "all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (row,) = [r for r in evidence.main(["--run", f"v={run}", "--data", str(data), "--out", str(tmp_path / "e")])
+              if r["class"] == "sequential"]  # fmt: skip
+    assert row["n"] == 2 and row["em"] == 50.0 and row["support_found"] == 50.0 and row["answer_retrieved"] == 50.0

@@ -68,10 +68,8 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     # the tables compare the questions both were asked: ours' s0, the baseline's n0 and q9 (errored) are out
     assert cell["search-r1"]["n"] == 4
     assert {n: r["not_shared"] for n, r in result["runs"].items()} == {"ours": 1, "search-r1": 2}
-    assert (
-        result["runs"]["search-r1"]["errors"] == ["hotpotqa q9: RuntimeError: boom"]
-        and not result["runs"]["ours"]["errors"]
-    )
+    # q9 errored, but is not in the tables: the page listed it "(EM 0)" beside rows that do not count it
+    assert result["runs"]["search-r1"]["errors"] == [] and not result["runs"]["ours"]["errors"]
     low, high = cell["ours"]["em_ci"]
     assert 0.0 <= low < 75.0 < high <= 100.0
     assert cell["ours"]["turns_ci"] == [2.0, 2.0]  # no spread, no interval
@@ -83,7 +81,7 @@ def test_tables_intervals_and_the_paired_comparison(runs, tmp_path):
     assert set(result["by_dataset"]) == {"hotpotqa"}  # nq: the baseline's alone
     text = out.with_suffix(".md").read_text()
     assert "| hotpotqa/parallelisable | ours | 4 | 75.0 [" in text
-    assert "its run ended in an error (EM 0): hotpotqa q9: RuntimeError: boom" in text  # named, not hidden
+    assert "hotpotqa q9" not in text  # errored, but not tabled: no "(EM 0)" beside rows that leave it out
     assert "left out: 2 questions not every run was asked" in text
     assert "| ours | 75.0 | 75.0 |" in text  # Table 2 over the shared questions
     assert (
@@ -170,3 +168,35 @@ def test_the_comparison_refuses_an_eval_folder_of_other_weights_before_serving_a
         grpo_compare.main()
     assert refused.value.code == 2
     assert not (tmp_path / "compare" / "vllm-server.log").exists()  # refused before a server started
+
+
+def test_a_cell_whose_every_run_errored_scores_0_and_shows_no_behaviour(tmp_path):
+    """aggregate() left such a cell without EM: the page crashed (KeyError 'em') after writing its json."""
+    ours = [line("q0", "parallel", 1.0, 2, True), line("s0", "parallel", 1.0, 3, False, cls="sequential")]
+    failed = line("s0", "sequential", 1.0, 3, False, cls="sequential") | {"error": "RuntimeError: boom", "em": 0.0}
+    base = [line("q0", "sequential", 1.0, 3, False), failed]
+    out = tmp_path / "t"
+    argv = [
+        "--run",
+        f"ours={eval_folder(tmp_path, 'ours', ours)}",
+        "--run",
+        f"base={eval_folder(tmp_path, 'base', base)}:sequential",
+    ]
+    result = paper_table.main([*argv, "--bootstrap", "200", "--out", str(out)])
+    cell = result["by_class"]["hotpotqa/sequential"]["base"]
+    assert (cell["n"], cell["errors"], cell["em"], cell["em_ci"]) == (1, 1, 0.0, [0.0, 0.0])
+    assert result["runs"]["base"]["errors"] == ["hotpotqa s0: RuntimeError: boom"]
+    assert "| hotpotqa/sequential | base | 1 | 0.0 [0.0, 0.0] | – | – | – |" in out.with_suffix(".md").read_text()
+
+
+def test_intervals_do_not_depend_on_the_order_the_results_were_written_in(tmp_path):
+    lines = [line(f"q{i}", "parallel", float(i % 3 == 0), 2 + i % 2, True) for i in range(12)]
+    base = [line(f"q{i}", "sequential", float(i % 2 == 0), 3, False) for i in range(12)]
+    results = []
+    for order, root in ((1, tmp_path / "1"), (-1, tmp_path / "2")):  # as written, then reversed
+        a, b = eval_folder(root, "a", lines[::order]), eval_folder(root, "b", base[::order])
+        argv = ["--run", f"a={a}", "--run", f"b={b}:sequential", "--ours", "a", "--baseline", "b"]
+        results.append(paper_table.main([*argv, "--bootstrap", "300", "--out", str(root / "t")]))
+    key = "hotpotqa/parallelisable"
+    assert results[0]["by_class"][key]["a"]["em_ci"] == results[1]["by_class"][key]["a"]["em_ci"]
+    assert results[0]["ours_vs_baseline"][key]["em_diff_ci"] == results[1]["ours_vs_baseline"][key]["em_diff_ci"]

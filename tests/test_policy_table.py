@@ -198,3 +198,23 @@ def test_sets_keep_the_tables_and_the_pooled_paper_rows_to_the_datasets_named(tm
     assert json.loads((tmp_path / "table.json").read_text())["rows"] == []
     rows, _ = tables("--sets", "hotpotqa", "--classes", "parallelisable", "--limit", "1")  # its first question only
     assert {r["n"] for r in rows} == {1}
+
+
+def test_a_cell_whose_every_run_errored_is_tabled_with_em_0():
+    """aggregate() gave such a cell no EM, and rows() stopped with KeyError."""
+    failed = result(1.0, 1, False, "sequential") | {"error": "RuntimeError: boom"}
+    rows = {
+        (r["dataset"], r["class"]): r
+        for r in policy_table.rows("p", [result(1.0, 1, True, "parallelisable"), failed], 200)
+    }
+    seq = rows["hotpotqa", "sequential"]
+    assert (seq["n"], seq["em"], seq["em_low"], seq["split"], seq["llm_calls"]) == (1, 0.0, 0.0, None, None)
+    page = policy_table.markdown([seq | {"device": "cpu"}], "cmd", {"p": "x"})
+    assert "| p | hotpotqa | sequential | 1 | 0.0 [0.0, 0.0] | 0.0 | – | – | – | – (cpu) | – | – |" in page
+
+
+def test_yes_no_answers_are_read_as_em_reads_them():
+    answers = ["Yes!", '"yes"', "yes", "No."]
+    records = [result(1.0, 1, True, "parallelisable") | {"golden_answers": ["yes"], "answer": a} for a in answers]
+    (row,) = policy_table.yes_no_answers("p", records)
+    assert row["yes"] == {"yes": 3, "no": 1}
