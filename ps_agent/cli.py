@@ -312,17 +312,19 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="An eval output folder (results/) or a training run folder.")],
     open_page: Annotated[bool, typer.Option("--open", help="Open the page in a web browser.")] = False,
 ) -> None:
-    """Write RUN_DIR/report.html: tables, plots and every trajectory, one file that works offline."""
+    """Write RUN_DIR/report.html: tables, plots and every trajectory, one file that works offline (and an eval
+    folder's summary.json, report.md and plots.png, from the same results)."""
     import webbrowser
 
-    from ps_agent.eval_report import html_report
+    from ps_agent.eval_report import report as eval_report
     from ps_agent.report import training_report
 
     with user_errors():
         if not run_dir.is_dir():
             raise ValueError(f"not a folder: {run_dir} (expected an eval output folder or a training run folder)")
-        if any((run_dir / "results").glob("*.jsonl")):
-            path = html_report(run_dir)
+        if any((run_dir / "results").glob("*.jsonl")):  # summary.json, report.md and the plots too, from one read
+            eval_report(run_dir)
+            path = run_dir / "report.html"
         elif any(run_dir.glob("trajectories*.jsonl")):
             path = training_report(run_dir)
         else:

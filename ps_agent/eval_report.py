@@ -176,6 +176,8 @@ def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, 
     """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``."""
     out_dir = Path(out_dir)
     records = read_results(out_dir, complete=True)
+    if not records:
+        raise ValueError(f"{out_dir / 'results'} holds no result line the report can read (each skipped one is logged)")
     summary = summarise_results(records)
     summary["skipped_lines"] = problems or []
     summary["runs"] = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []

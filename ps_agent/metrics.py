@@ -22,8 +22,9 @@ def normalize_answer(text: str) -> str:
 
 def _key(text: str) -> str:
     """What answers are compared by: the normalised text, or, where normalisation empties it (NQ's gold "A+",
-    "---"), the text lower-cased with single spaces, so that it can still be matched by the same answer."""
-    return normalize_answer(text) or " ".join(text.lower().split())
+    "---"), the text lower-cased with single spaces and without the sentence's punctuation around it, so that it
+    can still be matched by the same answer."""
+    return normalize_answer(text) or " ".join(text.lower().split()).strip(".,;:!?\"'")  # "A+." is "A+"
 
 
 def _golds(golden_answers: Sequence[str]) -> list[str]:

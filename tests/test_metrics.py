@@ -36,6 +36,7 @@ def test_an_empty_answer_matches_no_gold_that_normalisation_empties():
     for empty in ("", "the", "?"):
         assert exact_match(empty, ["A+", "AB+"]) == 0.0 and f1_score(empty, ["*"]) == 0.0
     assert exact_match("AB+", ["A+", "AB+"]) == 1.0
+    assert exact_match("A+.", ["A+"]) == 1.0 and exact_match('"AB+"', ["A+", "AB+"]) == 1.0  # a sentence's marks
     empty_answer = trajectory(answer="", final="<think>none</think>\n<answer></answer>")
     assert reward_components(empty_answer, ["A+", "AB+"], "single-hop")["outcome"] == 0.0
 

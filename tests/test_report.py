@@ -177,9 +177,12 @@ def test_training_run_page_shows_curves_and_rollouts_by_step(tmp_path, browser):
 def test_ps_agent_report_rebuilds_the_page_or_says_what_the_folder_lacks(eval_run, tmp_path):
     out, _ = eval_run
     (out / "report.html").unlink()
+    for name in ("summary.json", "report.md"):  # rebuilt too: only the page was, so they told another run
+        (out / name).write_text("stale")
     done = subprocess.run([PS_AGENT, "report", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (out / "report.html").stat().st_size > 10_000
+    assert json.loads((out / "summary.json").read_text())["by_class"] and "stale" not in (out / "report.md").read_text()
     empty = subprocess.run([PS_AGENT, "report", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert empty.returncode == 2
     assert "neither results/*.jsonl" in empty.stderr and "trajectories*.jsonl" in empty.stderr
