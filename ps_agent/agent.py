@@ -43,6 +43,8 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     def __init__(
         self, llm: Any = None, retriever: Any = None, *, choices: Choices | None = None, **config: Any
     ) -> None:
+        if choices is not None and not isinstance(choices, Choices):
+            raise TypeError(f"choices must be a ps_agent.serving.Choices, got {type(choices).__name__}")
         self.context = Context(**{"llm": llm, "corpus": retriever} | config)
         self.choices = choices if choices is not None else Choices.from_env()
         #: the compiled graph with this agent's context and run limits bound: it runs alone or as a subgraph

@@ -22,6 +22,7 @@ from typing import Any
 from rich.progress import Progress
 
 from ps_agent.agent import ParallelSearchAgent
+from ps_agent.configuration import AgentConfig
 from ps_agent.context import Context
 from ps_agent.episodes import episode_record, error_record
 from ps_agent.eval_report import report
@@ -72,6 +73,10 @@ class EvalSettings:
             raise ValueError(f"modes must be a non-empty list of {' and '.join(MODES)}, got {self.modes!r}")
         if self.part not in PARTS:
             raise ValueError(f"part must be one of {', '.join(PARTS)}, got {self.part!r}")
+        try:  # the agent's settings, before the output folder is written or the model loaded
+            AgentConfig(**self.agent)
+        except TypeError as exc:
+            raise ValueError(f"agent settings: {exc}") from None
         if isinstance(self.weights, (str, Path)):
             raise ValueError(f"weights must be a list of weight files, got one path: {self.weights!r}")
         missing = [str(path) for path in self.weights if not Path(path).is_file()]

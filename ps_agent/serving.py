@@ -64,6 +64,11 @@ class Choices:
 
     def __post_init__(self) -> None:
         for kind, offered in (("llms", self.llms), ("corpora", self.corpora)):
+            if not isinstance(offered, Mapping):
+                raise ValueError(
+                    f"Choices.{kind} must be a mapping of name to spec, e.g. {{'qwen0.5b': 'qwen0.5b'}}, "
+                    f"got {type(offered).__name__}: {offered!r:.200}"
+                )
             if not offered or not all(isinstance(name, str) and name for name in offered):
                 raise ValueError(f"Choices.{kind} must map at least one non-empty name to a spec, got {offered!r:.200}")
 

@@ -481,3 +481,16 @@ def test_a_full_disk_ends_the_eval_with_what_was_written_whole_and_the_rerun_res
     assert [json.loads(line)["error"] for line in results.read_text().splitlines()] == [None, None]  # no torn line
     summary = evaluate([questions], tmp_path / "out", settings)  # space again: the rerun runs the other three
     assert summary["overall"]["parallel"]["n"] == 5 and len(results.read_text().splitlines()) == 5
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ({"max_turns": 0}, "max_turns must be an integer from 1 to 32"),
+        ({"max_turn": 3}, "agent settings: .*unexpected keyword argument 'max_turn'"),
+    ],
+)
+def test_bad_agent_settings_are_refused_before_the_output_folder_is_written(tmp_path, agent, message):
+    """--max-turns 0 wrote the folder's lock and run record and started the progress bar, then failed."""
+    with pytest.raises(ValueError, match=message):
+        EvalSettings(llm="bogus", retriever="embedded", modes=("parallel",), agent=agent)

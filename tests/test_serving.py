@@ -148,3 +148,13 @@ def test_retries_stop_when_the_run_cannot_hold_another_attempt_and_keep_the_real
     deadline = __import__("time").time() + 0.5
     outcome = asyncio.run(resilient_search(failing, "q", 1, retries=5, backoff_s=3, deadline=deadline))
     assert (outcome.error, outcome.attempts) == ("RuntimeError: boom", 1)  # no 3 s backoff past the budget
+
+
+def test_choices_that_are_not_a_mapping_are_refused_where_they_are_given():
+    """A list of names failed at a client's first pick with AttributeError, and a dict as choices= too."""
+    with pytest.raises(ValueError, match=r"Choices.llms must be a mapping of name to spec, e.g. .*got list"):
+        Choices(llms=["qwen0.5b"])
+    with pytest.raises(ValueError, match=r"Choices.corpora must be a mapping .*got str"):
+        Choices(corpora="embedded")
+    with pytest.raises(TypeError, match=r"choices must be a ps_agent\.serving\.Choices, got dict"):
+        ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever(), choices={"llms": {"a": "a"}})
