@@ -29,7 +29,7 @@ from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
 from ps_agent.policy_protocols import PROTOCOLS
 from ps_agent.provenance import check_same_model, check_same_settings, provenance, recorded_run, writing_to
-from ps_agent.questions import PARTS, read_jsonl, split_part
+from ps_agent.questions import PARTS, dataset_name, read_jsonl, split_part
 from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records
@@ -90,11 +90,6 @@ class WriteFailed(OSError):
 
 class EvalFailed(ValueError):
     """Every question a run tried failed: most likely the LLM or the retriever is misnamed or unreachable."""
-
-
-def dataset_name(path: Path) -> str:
-    """``../shared/data/hotpotqa/dev.jsonl`` → ``hotpotqa``; ``x/questions.jsonl`` → ``x``."""
-    return path.parent.name if path.stem in ("dev", "test", "train", "questions") else path.stem
 
 
 def check_retriever(spec: Any) -> None:

@@ -28,6 +28,7 @@ from ps_agent.cache import file_checksum
 from ps_agent.configuration import RESOURCES, AgentConfig
 from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
 from ps_agent.protocol import Mode
+from ps_agent.questions import dataset_name
 from ps_agent.trajectories import read_records
 
 if TYPE_CHECKING:
@@ -41,7 +42,12 @@ def recorded_run(out_dir: Path) -> dict[str, Any] | None:
     if all(line.get("error") is not None for line in lines):
         return None
     runs = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
-    return runs[-1] if runs else {}
+    if not runs:
+        return {}
+    # each dataset's file as the last run that read it held it: a run on another set in between, or the same file
+    # spelt another way, must not hide a change to it
+    held = {dataset_name(Path(path)): sha for run in runs for path, sha in run.get("data_sha1", {}).items()}
+    return runs[-1] | {"dataset_sha1": held}
 
 
 def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str], earlier: dict[str, Any] | None) -> None:
@@ -79,8 +85,12 @@ def check_same_settings(out_dir: Path, run: dict[str, Any], earlier: dict[str, A
         for key in ("agent", "retriever", "part")
         if key in then and _json(then[key]) != _json(now[key])
     ]
-    held = earlier.get("data_sha1", {})
-    changed += [f"{path} (its contents)" for path, sha in run["data_sha1"].items() if held.get(path, sha) != sha]
+    held = earlier.get("dataset_sha1", {})
+    changed += [
+        f"{path} (its contents, since the folder's answers to {dataset_name(Path(path))!r})"
+        for path, sha in run["data_sha1"].items()
+        if held.get(dataset_name(Path(path)), sha) != sha
+    ]
     if changed:
         raise ValueError(
             f"{out_dir} holds answers given with other settings: {'; '.join(changed)}; a rerun there skips the "

@@ -242,6 +242,12 @@ VALIDATION_FRACTION = 0.3
 PARTS = ("all", "train", "validation")
 
 
+def dataset_name(path: Path) -> str:
+    """The name a question file is reported under: ``../shared/data/hotpotqa/dev.jsonl`` → ``hotpotqa``;
+    ``x/questions.jsonl`` → ``x``."""
+    return path.parent.name if path.stem in ("dev", "test", "train", "questions") else path.stem
+
+
 def split_part(question_id: str, validation_fraction: float = VALIDATION_FRACTION) -> str:
     """``"train"`` or ``"validation"`` for a question id: a stable hash, so a question never changes part
     and every tool (gold trajectories, training, benchmarks) agrees on the split."""

@@ -64,7 +64,8 @@ def test_report_aggregates_a_hand_made_results_file(tmp_path):
         == par["parallel"]
     )
     assert par["sequential"]["em"] == 100.0 and par["sequential"]["turns"] == 3.5
-    assert summary["by_class"]["hotpotqa/sequential"]["sequential"] == {"n": 1, "errors": 1}
+    errored = summary["by_class"]["hotpotqa/sequential"]["sequential"]  # scores 0, and shows no behaviour
+    assert errored == {"n": 1, "errors": 1, "em": 0.0, "f1": 0.0, "cover_em": 0.0}
     assert summary["by_dataset"]["hotpotqa"]["parallel"]["em"] == pytest.approx(100 / 3)
     sequential = summary["by_dataset"]["hotpotqa"]["sequential"]  # 2 right, 1 errored: scores 0 in EM and F1
     assert (sequential["n"], sequential["errors"], sequential["em"], sequential["turns"]) == (3, 1, 200 / 3, 3.5)
@@ -142,7 +143,7 @@ def test_a_question_whose_every_search_failed_is_an_error_not_a_score(synthetic,
     with pytest.raises(EvalFailed, match=r"all 2 questions run failed, the first with SearchesFailed: every search"):
         evaluate([questions], tmp_path / "out", settings)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2}
+    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2, "em": 0.0, "f1": 0.0, "cover_em": 0.0}
     settings.retriever = str(corpus)  # the retriever is back: both questions run again, and are answered
     assert evaluate([questions], tmp_path / "out2", settings)["overall"]["parallel"]["errors"] == 0
 
@@ -153,7 +154,7 @@ def test_a_run_where_every_question_fails_is_an_error(synthetic, tmp_path):
     with pytest.raises(EvalFailed, match=r"all 2 questions run failed, the first with AgentError: .*ConnectionError"):
         evaluate([questions], tmp_path / "out", settings)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())  # the report is still written
-    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2}
+    assert summary["overall"]["parallel"] == {"n": 2, "errors": 2, "em": 0.0, "f1": 0.0, "cover_em": 0.0}
     # a rerun with nothing left to do is not a failure
     settings.llm = GoldPlanPolicy(rows)
     evaluate([questions], tmp_path / "out", settings)
@@ -494,3 +495,31 @@ def test_bad_agent_settings_are_refused_before_the_output_folder_is_written(tmp_
     """--max-turns 0 wrote the folder's lock and run record and started the progress bar, then failed."""
     with pytest.raises(ValueError, match=message):
         EvalSettings(llm="bogus", retriever="embedded", modes=("parallel",), agent=agent)
+
+
+def test_a_question_file_changed_since_the_folder_answered_it_is_refused_after_a_run_on_another_set(
+    synthetic, tmp_path, monkeypatch
+):
+    """Only the last run's files were checked, by path as typed: a run on another set in between, or the same
+    file spelt another way, let the old answers (scored against the old golds) be reported as the new file's."""
+    corpus, _, rows = synthetic
+    first, other = tmp_path / "setA" / "questions.jsonl", tmp_path / "setB" / "questions.jsonl"
+    first.parent.mkdir()
+    other.parent.mkdir()
+    first.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    other.write_text(json.dumps(rows[2]) + "\n")
+    out = tmp_path / "out"
+
+    def settings():
+        return EvalSettings(
+            llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), agent={"max_turns": 10}
+        )
+
+    evaluate([first], out, settings())
+    evaluate([other], out, settings())
+    first.write_text("".join(json.dumps(r | {"golden_answers": ["Something Else"]}) + "\n" for r in rows[:2]))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"setA/questions.jsonl \(its contents, since the folder's answers to 'setA'\)"
+    ):
+        evaluate([Path("./setB/../setA/questions.jsonl")], out, settings())
