@@ -120,8 +120,15 @@ class DataError(ValueError):
     """A question row that cannot be trained on; the message names the row."""
 
 
-def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> dict[str, Any]:
-    """Validate one question record and shape it as a TRL row."""
+#: the type of a benchmark's questions where its files give none: Bamboogle's are 2-hop compositions (Press et al.,
+#: 2022), which Search-R1 and ParallelSearch count among the multi-hop sets, not single-hop ones like NQ's
+DATASET_TYPES = {"bamboogle": "compositional"}
+
+
+def to_row(
+    raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES, default_type: str | None = None
+) -> dict[str, Any]:
+    """Validate one question record and shape it as a TRL row (``default_type``: its type where it gives none)."""
     if not isinstance(raw, Mapping):
         raise DataError(f"{where}: expected a JSON object with question and golden_answers, got {type(raw).__name__}")
     question = raw.get("question")
@@ -141,7 +148,7 @@ def to_row(raw: Any, where: str, known_types: frozenset[str] = KNOWN_TYPES) -> d
     if question_type is None and isinstance(metadata, Mapping):  # FlashRAG's rows keep it there
         question_type = metadata.get("type")
     if question_type in (None, "", "none"):
-        question_type = None
+        question_type = default_type
     elif not isinstance(question_type, str) or question_type not in known_types:
         raise DataError(
             f"{where}: unknown question type {question_type!r}; expected none or no type (single-hop) or one of "
@@ -206,7 +213,7 @@ def read_jsonl(
                     raw = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{where}: not JSON ({exc})") from exc
-                row = to_row(raw, where, known_types)
+                row = to_row(raw, where, known_types, DATASET_TYPES.get(dataset_name(path)))
                 if raw.get("id") is not None and first_line.setdefault(row["id"], where) != where:
                     raise DataError(  # results are kept by id: one of the two would never be reported
                         f"{where}: id {row['id']!r} is also that of {first_line[row['id']]}; expected ids unique "

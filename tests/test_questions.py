@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ps_agent.questions import DataError, read_jsonl, rounds_needed
+from ps_agent.questions import DataError, question_class, read_jsonl, rounds_needed
 
 GOOD = b'{"question": "Who?", "golden_answers": ["A"]}'
 BAD_LINES = [
@@ -101,3 +101,16 @@ def test_flashrag_rows_keep_their_type_in_metadata_and_none_is_single_hop(tmp_pa
     path.write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(DataError, match=r"q\.jsonl:1: unknown question type False"):  # was taken as single-hop
         read_jsonl(path)
+
+
+def test_bamboogle_questions_without_a_type_are_two_hop_chains_not_single_hop(tmp_path):
+    """Bamboogle's files give no type: its 2-hop questions were pooled with NQ's as single-hop."""
+    line = json.dumps({"id": "1", "question": "Who was president when Citibank was founded?", "golden_answers": ["x"]})
+    for name, expected in (("bamboogle", "sequential"), ("nq", "single-hop")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "dev.jsonl").write_text(line + "\n")
+        (row,) = read_jsonl(tmp_path / name / "dev.jsonl")
+        assert (question_class(row["question_type"]), rounds_needed(row)) == (
+            expected,
+            2 if expected == "sequential" else 1,
+        )
