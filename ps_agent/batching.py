@@ -36,6 +36,7 @@ class _Queue(Generic[T, R]):
     wake: asyncio.Event
     waiting: list[_Waiting[T, R]] = field(default_factory=list)
     taken: list[_Waiting[T, R]] = field(default_factory=list)
+    now: list[_Waiting[T, R]] = field(default_factory=list)  # the items of ``run_now`` calls, running
     worker: asyncio.Task[None] | None = None
 
 
@@ -109,8 +110,14 @@ class MicroBatcher(Generic[T, R]):
     async def run_now(self, items: Sequence[T]) -> list[R]:
         """The results of ``items`` run as one batch of their own, now (no gathering with other callers)."""
         loop = asyncio.get_running_loop()
-        waiting = [_Waiting(item, loop.create_future(), loop.time()) for item in items]
-        await self._run(self._queue(loop), waiting)
+        caller = next(self._callers)  # one caller: an item that fails fails the others, not searched alone for no one
+        waiting = [_Waiting(item, loop.create_future(), loop.time(), caller) for item in items]
+        queue = self._queue(loop)
+        queue.now += waiting
+        try:
+            await self._run(queue, waiting)
+        finally:
+            queue.now = [w for w in queue.now if w.caller != caller]
         return list(await asyncio.gather(*(w.future for w in waiting)))
 
     @staticmethod
@@ -188,7 +195,7 @@ class MicroBatcher(Generic[T, R]):
         if not waiting.future.done():
             waiting.future.set_exception(exc)
         if waiting.caller is not None:
-            for other in (*queue.waiting, *queue.taken):
+            for other in (*queue.waiting, *queue.taken, *queue.now):
                 if other.caller == waiting.caller:
                     other.future.cancel()
 

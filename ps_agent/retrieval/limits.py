@@ -28,7 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 class ServerLimits:
     """One place for the server's limits."""
 
-    max_queries: int = 256
+    max_queries: int = 4096  # Search-R1 sends a training batch's every rollout in one request (its example: 400)
     max_topk: int = 100
     max_query_chars: int = 2000
     max_batch: int = 256
@@ -42,8 +42,10 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not isinstance(value, bool) and not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"ServerLimits.{name} must be a finite number > 0, got {value!r}")
+            low = 0 if name == "max_wait_ms" else 1e-9  # a batch may leave at once: it holds what queued meanwhile
+            if not isinstance(value, bool) and not (value >= low and math.isfinite(value)):
+                bound = ">= 0" if name == "max_wait_ms" else "> 0"
+                raise ValueError(f"ServerLimits.{name} must be a finite number {bound}, got {value!r}")
 
 
 class ReadDeadlineProtocol(HttpToolsProtocol):

@@ -41,18 +41,18 @@ class RetrieveRequest(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
+    # as Search-R1's server answers them: no queries (a turn where no rollout searched) get no results, an empty
+    # query (``<search></search>``) gets none, and a topk of null the default
     queries: list[str] = Field(
-        min_length=1, max_length=QUERIES_CAP, description="queries to search, each non-empty UTF-8 text"
+        max_length=QUERIES_CAP, description="queries to search, UTF-8 text (an empty one gets no passages)"
     )
-    topk: int = Field(default=3, ge=1, description="passages per query, at most ServerLimits.max_topk")
+    topk: int | None = Field(default=3, ge=1, description="passages per query (null: 3), at most ServerLimits.max_topk")
     return_scores: bool = False
 
     @field_validator("queries")
     @classmethod
     def _searchable(cls, queries: list[str]) -> list[str]:
         for i, query in enumerate(queries):
-            if not query.strip():
-                raise ValueError(f"query {i} is empty: expected a non-empty string")
             if found := lone_surrogates(query):  # a str that no tokenizer takes
                 raise ValueError(
                     f"query {i} holds {found[0]!a} at character {found[1]} (surrogates not allowed): "
@@ -120,6 +120,7 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         title="ParallelSearch retrieval server (Search-R1 protocol)",
         lifespan=lifespan,
         max_body_size=limits.max_body_bytes,
+        strict_content_type=False,  # ``requests.post(url, data=json.dumps(...))`` sends JSON without saying so
     )
     in_flight = 0  # requests read whole and searched or waiting: one whose body never arrives holds no slot
 
@@ -147,13 +148,21 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
             in_flight -= 1
 
     async def _answer(request: RetrieveRequest) -> RetrieveResponse:
-        items = [(query, request.topk) for query in request.queries]
+        # a query past max_query_chars is searched by its start (a rollout that rambled inside <search> fails
+        # alone in Search-R1's client, which has no error handling: its whole batch would); an empty one is not
+        topk = request.topk or 3
+        asked = [query[: limits.max_query_chars] for query in request.queries]
+        items = [(query, topk) for query in asked if query.strip()]
         with metrics["latency"].time():
             try:  # each request alone without micro-batching, as Search-R1's server does
-                results = await (batcher.submit(items) if limits.micro_batching else batcher.run_now(items))
+                found = (
+                    await (batcher.submit(items) if limits.micro_batching else batcher.run_now(items)) if items else []
+                )
             except Exception as exc:  # only this request fails
                 logger.exception("retrieval of %d queries failed (the first: %.100r)", len(items), items[0][0])
                 raise HTTPException(status_code=500, detail=f"search failed: {type(exc).__name__}: {exc}") from exc
+        searched = iter(found)
+        results = [next(searched) if query.strip() else [] for query in asked]
         metrics["requests"].inc()
         metrics["queries"].inc(len(request.queries))
         if request.return_scores:
@@ -180,11 +189,8 @@ def _check(request: RetrieveRequest, limits: ServerLimits) -> str | None:
     """What is wrong with a request, against the limits, or None."""
     if len(request.queries) > limits.max_queries:
         return f"too many queries: {len(request.queries)} (at most {limits.max_queries} per request)"
-    if request.topk > limits.max_topk:
+    if request.topk is not None and request.topk > limits.max_topk:
         return f"topk {request.topk} out of bounds: expected 1..{limits.max_topk}"
-    for i, query in enumerate(request.queries):
-        if len(query) > limits.max_query_chars:
-            return f"query {i} has {len(query)} characters: at most {limits.max_query_chars}"
     return None
 
 
