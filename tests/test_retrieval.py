@@ -244,3 +244,14 @@ def test_our_retrievers_as_a_langchain_retriever(corpus_file):
     assert asyncio.run(lc.ainvoke("Colosseum"))[0].metadata["title"] == "Colosseum"
     # and back: a LangChain retriever of ours resolves to a Retriever again
     assert asyncio.run(resolve_retriever(lc).asearch(["Big Ben"], 1))[0][0].title == "Big Ben"
+
+
+def test_a_langchain_document_reads_its_title_as_a_corpus_line_does():
+    """The title lost a quote of its own, an id of 0 was taken for none, and a title line alone became text."""
+    from langchain_core.documents import Document
+
+    from ps_agent.retrieval.langchain import document_to_passage
+
+    farewell = document_to_passage(Document('"I Cannot Say "Farewell""\nA 1993 song.'))
+    assert (farewell.title, farewell.text) == ('I Cannot Say "Farewell"', "A 1993 song.")
+    assert document_to_passage(Document('"X"\ntext', metadata={"id": 0})).id == "0"

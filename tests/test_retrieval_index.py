@@ -153,6 +153,14 @@ def test_reciprocal_rank_fusion_rewards_agreement():
     assert [p.id for p in fused] == ["b", "a"] and fused[0].score == pytest.approx(1 / 62 + 2 / 61)
 
 
+def test_two_passages_that_share_an_id_stay_two_in_the_fusion():
+    """A corpus with a repeated id lost one of the two passages, and the other took its ranks."""
+    tokyo, paris, rome = Passage("7", "Tokyo", "t"), Passage("7", "Paris", "p"), Passage("8", "Rome", "r")
+    fused = reciprocal_rank_fusion([[tokyo, paris, rome], [tokyo, rome, paris]], k=3, rrf_k=60)
+    assert fused[0].title == "Tokyo" and fused[0].score == pytest.approx(2 / 61)
+    assert sorted(p.title for p in fused[1:]) == ["Paris", "Rome"]  # each with its own ranks: 1/62 + 1/63
+
+
 def test_the_manifest_records_the_build(built, corpus):
     manifest = read_manifest(built)
     assert manifest["index_types"] == ["bm25", "flat", "hnsw", "ivfpq"]

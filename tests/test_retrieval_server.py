@@ -429,3 +429,32 @@ def test_without_micro_batching_a_failed_request_is_not_searched_again_query_by_
     with TestClient(create_app(retriever, ServerLimits(micro_batching=False, max_wait_ms=0))) as client:
         response = client.post("/retrieve", json={"queries": ["bad"] + [f"q{i}" for i in range(49)]})
     assert response.status_code == 500 and retriever.calls == 2  # the batch, then "bad" alone
+
+
+class DepthDependentDouble:
+    """Test double: a retriever whose top passages depend on how deep it is asked, as a hybrid index's do."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def asearch(self, queries, k):
+        self.calls.append((list(queries), k))
+        return [[Passage(f"{q}-{k}-{i}", "T", "x", 1.0) for i in range(k)] for q in queries]
+
+
+def test_a_querys_passages_do_not_depend_on_the_topk_of_requests_batched_with_it():
+    """A batch was searched at its largest topk: a topk=3 request got another top 3 beside a topk=50 one."""
+    retriever = DepthDependentDouble()
+    app = create_app(retriever, ServerLimits(max_batch=2, max_wait_ms=60_000))  # the two requests share a batch
+
+    async def scenario():
+        async with serving(app) as url, httpx.AsyncClient() as client:
+            small, large = await asyncio.gather(
+                client.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 3}),
+                client.post(f"{url}/retrieve", json={"queries": ["r"], "topk": 50}),
+            )
+            return small.json()["result"][0], large.json()["result"][0]
+
+    small, large = asyncio.run(scenario())
+    assert [d["id"] for d in small] == ["q-3-0", "q-3-1", "q-3-2"] and len(large) == 50
+    assert sorted(k for _, k in retriever.calls) == [3, 50]

@@ -82,14 +82,13 @@ class DenseRetriever:
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[Passage]], k: int, rrf_k: int = 60) -> list[Passage]:
     """Fuse ranked lists by reciprocal rank (Cormack et al. 2009): score = Σ 1/(rrf_k + rank)."""
-    fused: dict[str, float] = {}
-    first_seen: dict[str, Passage] = {}
+    fused: dict[tuple[str, str, str], float] = {}  # a passage is its id and its text: two sharing an id stay two
     for ranking in rankings:
         for rank, passage in enumerate(ranking, 1):
-            fused[passage.id] = fused.get(passage.id, 0.0) + 1.0 / (rrf_k + rank)
-            first_seen.setdefault(passage.id, passage)
-    order = sorted(fused, key=lambda pid: -fused[pid])[:k]
-    return [Passage(pid, first_seen[pid].title, first_seen[pid].text, fused[pid]) for pid in order]
+            key = (passage.id, passage.title, passage.text)
+            fused[key] = fused.get(key, 0.0) + 1.0 / (rrf_k + rank)
+    order = sorted(fused, key=lambda key: -fused[key])[:k]
+    return [Passage(pid, title, text, fused[pid, title, text]) for pid, title, text in order]
 
 
 class HybridRetriever:

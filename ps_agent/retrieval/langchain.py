@@ -9,7 +9,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 
-from ps_agent.retrieval.base import Passage
+from ps_agent.retrieval.base import Passage, contents_title
 from ps_agent.retrieval.corpus import passage_id
 from ps_agent.runner import run_sync
 
@@ -20,8 +20,9 @@ def document_to_passage(doc: Document, score: float | None = None) -> Passage:
     text = doc.page_content
     if title is None:
         first, _, rest = text.partition("\n")
-        title, text = (first.strip().strip('"'), rest.strip()) if rest else ("", text)
-    pid = doc.id or doc.metadata.get("id") or passage_id(title, text)
+        title, text = (contents_title(first), rest.strip()) if rest.strip() else ("", text)
+    pid = next((str(i) for i in (doc.id, doc.metadata.get("id")) if i is not None and str(i)), None)
+    pid = pid or passage_id(title, text)
     return Passage(id=str(pid), title=str(title), text=text, score=score)
 
 

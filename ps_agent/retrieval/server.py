@@ -98,11 +98,20 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
         """One search for the queries of a batch, each result cut to its own request's ``topk``."""
         metrics["batches"].inc()
         metrics["batch_size"].observe(len(items))
+        # one search per topk in the batch: a query's passages must not depend on which requests shared its batch
+        # (a hybrid index fuses lists max(k, 20) deep, and an HNSW search's reach grows with k)
+        by_k: dict[int, list[int]] = {}
+        for i, (_, k) in enumerate(items):
+            by_k.setdefault(k, []).append(i)
+        results: list[list[Passage]] = [[] for _ in items]
         with metrics["batch_seconds"].time():
-            results = await retriever.asearch([query for query, _ in items], max(k for _, k in items))
-        if len(results) != len(items):
-            raise ValueError(f"retriever returned {len(results)} result lists for {len(items)} queries")
-        return [passages[:k] for (_, k), passages in zip(items, results, strict=True)]
+            for k, at in by_k.items():
+                found = await retriever.asearch([items[i][0] for i in at], k)
+                if len(found) != len(at):
+                    raise ValueError(f"retriever returned {len(found)} result lists for {len(at)} queries")
+                for i, passages in zip(at, found, strict=True):
+                    results[i] = list(passages[:k])
+        return results
 
     # a batch that fails is searched again one query at a time: one bad query fails only its own request
     batcher = MicroBatcher(search_batch, size=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000, retry_alone=True)
