@@ -328,3 +328,34 @@ def test_what_our_loss_would_ignore_is_refused_before_anything_loads(tmp_path, f
     missing = tmp_path / "no-model"  # refused before the model or the episodes are read
     with pytest.raises(ValueError, match=rf"would ignore {re.escape(named)}: pass --loss trl"):
         main(sft_args(missing, tmp_path / "no-episodes.jsonl", tmp_path / "run", *flags))
+
+
+def test_a_run_resumed_in_its_second_epoch_trains_the_uninterrupted_runs_episodes_in_its_order(
+    tiny_model, episodes_file, tmp_path, monkeypatch
+):
+    """group_by_length's sampler drew each epoch's order from the global RNG: resumed in epoch 2, a run trained that
+    epoch in epoch 1's order and skipped by position, some episodes twice and others never (as GRPO's did)."""
+    import shutil
+
+    import training.run_sft as run_sft
+
+    path, episodes = episodes_file
+    by_tokens = {tuple(e["prompt_ids"] + e["completion_ids"]): i for i, e in enumerate(episodes)}
+    seen = []
+    real = run_sft.next_token_loss
+
+    def spy(model, inputs, n=None):  # which episode each step trains (batches of one)
+        seen.append(by_tokens[tuple(inputs["input_ids"][0].tolist())])
+        return real(model, inputs, n)
+
+    monkeypatch.setattr(run_sft, "next_token_loss", spy)
+    two_epochs = ["--per_device_train_batch_size", "1", "--num_train_epochs", "2", "--save_total_limit", "50"]
+    main(sft_args(tiny_model, path, tmp_path / "whole", *two_epochs))
+    whole, epoch = list(seen), len(seen) // 2
+    assert sorted(whole[:epoch]) == sorted(whole[epoch:]) and whole[:epoch] != whole[epoch:]  # two shuffles
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()  # a later session goes on from three steps into the second epoch
+    shutil.copytree(tmp_path / "whole" / f"checkpoint-{epoch + 3}", resumed / f"checkpoint-{epoch + 3}")
+    seen.clear()
+    main(sft_args(tiny_model, path, resumed, *two_epochs, "--resume_from_checkpoint", "True"))
+    assert seen == whole[epoch + 3 :]

@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ps_agent.llms.adapters import same_base
 
 logger = logging.getLogger(__name__)
@@ -32,15 +34,22 @@ EPISODES = "episodes.json"
 
 
 def epoch_seeded(trainer_class: type) -> type:
-    """``trainer_class`` (a ``GRPOTrainer``) whose sampler shuffles epoch ``e`` from ``seed + e``. TRL's
-    ``RepeatSampler`` draws every epoch's order from one generator seeded once, and a resumed run builds a new one:
-    past the first epoch it replayed epoch 0's order, training some questions twice and others never."""
+    """``trainer_class`` (a ``GRPOTrainer`` or an SFT trainer) whose sampler shuffles epoch ``e`` from ``seed + e``.
+    TRL's ``RepeatSampler`` draws every epoch's order from one generator seeded once, and transformers'
+    ``LengthGroupedSampler`` (SFT's ``group_by_length``) from the global RNG: a resumed run, which builds a new
+    sampler, replayed epoch 0's order past the first epoch, training some episodes twice and others never."""
 
     class EpochSeeded(trainer_class):
         def _get_train_sampler(self, dataset: Any = None) -> Any:
             sampler = super()._get_train_sampler(dataset)
-            if getattr(sampler, "shuffle", False) and not hasattr(sampler, "set_epoch"):  # the Trainer calls it
-                sampler.set_epoch = lambda epoch: sampler.generator.manual_seed((sampler.seed or 0) + epoch)
+            if not hasattr(sampler, "generator") or hasattr(sampler, "set_epoch") or not getattr(sampler, "shuffle", 1):
+                return sampler
+            if hasattr(sampler, "seed"):  # TRL's RepeatSampler: its own generator and seed
+                seed = sampler.seed or 0
+            else:
+                seed = self.args.seed
+                sampler.generator = torch.Generator()
+            sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(seed + epoch)  # the Trainer calls it
             return sampler
 
     EpochSeeded.__name__ = EpochSeeded.__qualname__ = trainer_class.__name__

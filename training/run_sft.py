@@ -34,7 +34,13 @@ if __package__ in (None, ""):  # run as a script: make `training` importable
 
 from ps_agent.llms import EMBEDDED_BASES, model_path, peft_adapter
 from training.arguments import MAX_LENGTH, ModelArguments, new_lora
-from training.checkpoints import checked_resume, episodes_record, record_in_checkpoints, save_adapter_weights
+from training.checkpoints import (
+    checked_resume,
+    episodes_record,
+    epoch_seeded,
+    record_in_checkpoints,
+    save_adapter_weights,
+)
 from training.precision import device_defaults, skip_nonfinite_steps
 from training.trained_positions import next_token_loss
 
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    trainer_class = SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss)
+    trainer_class = epoch_seeded(SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss))
     trainer = trainer_class(
         model=model,
         args=config,
