@@ -33,6 +33,7 @@ from training.turns import (
     check_chains,
     compare_two,
     comparison_verdict,
+    drop_undecided_comparisons,
     ranked_verdict,
     teacher_turns,
     yes_no_verdict,
@@ -728,3 +729,57 @@ def test_a_quote_does_not_end_at_a_names_initial_or_an_abbreviation():
         "fantasy novels by American author George R. R. Martin, and its television adaptation Game of Thrones."
     )
     assert not quote(long).endswith(".")  # clipped after "R.": the think turn adds its own period
+
+
+def test_a_chain_whose_next_hop_was_never_read_is_left_out():
+    """44 real chains searched an entity named neither in the question nor in the passage read before it
+    ("So Martin (TV series): … Now I search for Garrett Morris."): they taught the policy to make bridges up."""
+    rec = record(
+        "bridge", "Which actor of Martin was on Saturday Night Live?", ["Martin (TV series)", "Garrett Morris"]
+    )
+    rec["golden_answers"] = ["Garrett Morris"]
+    passages = {
+        "id-Martin (TV series)": '"Martin (TV series)"\nMartin is an American sitcom that aired on Fox.',
+        "id-Garrett Morris": '"Garrett Morris"\nGarrett Morris was an original cast member of Saturday Night Live.',
+    }
+    assert plan_from_titles(rec, passages) == (
+        "a hop's entity is named neither in the question nor in what was read before it"
+    )
+    passages["id-Martin (TV series)"] += " It starred Martin Lawrence and Garrett Morris."
+    assert isinstance(plan_from_titles(rec, passages), list)
+
+
+def test_a_comparison_reads_dates_only_when_it_asks_which_came_first_or_last():
+    """ "Which band has released the most studio albums?" says "released": each passage's first date was quoted."""
+    rec = record("comparison", "Which band has released the most studio albums, Ash or Blur?", ["Ash", "Blur"])
+    rec["golden_answers"] = ["Blur"]
+    passages = {"id-Ash": '"Ash"\nAsh is a band formed in 1992.', "id-Blur": '"Blur"\nBlur is a band formed in 1988.'}
+    assert [s["value_read"] for s in plan_from_titles(rec, passages)[0]] == [False, False]
+
+
+def test_a_comparison_whose_values_decide_against_its_answer_is_left_out():
+    """ "Which is older, UC Berkeley or Syracuse?" read 1868 and 1831 and answered Berkeley, unchecked."""
+    rec = record("comparison", "Which is older, Berkeley or Syracuse?", ["Berkeley", "Syracuse"])
+    rec["golden_answers"] = ["Berkeley"]
+    passages = {
+        "id-Berkeley": '"Berkeley"\nThe University of California, Berkeley was founded in 1868.',
+        "id-Syracuse": '"Syracuse"\nSyracuse University traces its roots to a seminary of 1831.',
+    }
+    plan = plan_from_titles(rec, passages)
+    gold = GoldSet(questions=[GoldQuestion("c", rec["question"], ["Berkeley"], "comparison", plan, "hotpotqa", "c")])
+    drop_undecided_comparisons(gold)
+    assert gold.questions == [] and gold.skipped == {"a comparison whose values read do not decide for its answer": 1}
+
+
+def test_a_chain_searched_one_step_at_a_time_opens_as_a_chain_not_as_one_search():
+    """Every sequential-mode chain of the Search-R1 baseline's gold opened "One search for X should answer this"."""
+    rec = record("bridge", "Which country is the director of Blue Moon from?", ["Blue Moon (film)", "Jo Park"])
+    rec["golden_answers"] = ["Korea"]
+    passages = {
+        "id-Blue Moon (film)": '"Blue Moon (film)"\nBlue Moon is a 1999 film. It was directed by Jo Park in Seoul.',
+        "id-Jo Park": '"Jo Park"\nJo Park is a director. He was born in Korea in 1950.',
+    }
+    q = GoldQuestion("b", rec["question"], ["Korea"], "bridge", plan_from_titles(rec, passages), "hotpotqa", "c")
+    for seed in range(6):
+        first = teacher_turns(q, "sequential", random.Random(seed))[0]
+        assert "one search is enough" not in first and "should answer this" not in first, first

@@ -50,7 +50,7 @@ from training.plans import (
     ends_on_answer,
     gold_questions,
 )
-from training.turns import TeacherPolicy, answer_verdict, check_chains, teacher_turns
+from training.turns import TeacherPolicy, answer_verdict, check_chains, drop_undecided_comparisons, teacher_turns
 
 logger = logging.getLogger("gold")
 
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> Path:
     out = args.out or Path("runs/gold") / f"{args.mode}.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))
     gold = gold_questions(args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked)
+    drop_undecided_comparisons(gold)
     if args.checked_chains:
         check_chains(gold)
     episodes, skipped = build_episodes(

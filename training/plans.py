@@ -8,6 +8,7 @@ chain's hops in order). Each step of a shared question carries its ``finding``, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -19,7 +20,16 @@ from typing import Any
 
 from ps_agent.questions import SHARED_DATA, question_class, read_split
 from ps_agent.synthetic import TRAIN_SEEDS, generate
-from training.reading import TIME_WORDS, asked_date, mentioned, normalised, passage_body, plain_title, quote, quote_for
+from training.reading import (
+    asked_date,
+    asked_direction,
+    mentioned,
+    normalised,
+    passage_body,
+    plain_title,
+    quote,
+    quote_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +151,22 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     steps = {t: {"sub_question": t, "passage_id": i, "finding": None} for t, i in zip(titles, ids, strict=True)}
     plan = _ordered_plan(record, steps, passages or {})
     if isinstance(plan, list) and passages:
+        if not _read_before(plan, record["question"], passages):
+            return "a hop's entity is named neither in the question nor in what was read before it"
         add_findings(plan, record, passages)
     return plan
+
+
+def _read_before(plan: list[list[dict]], question: str, passages: dict[str, str]) -> bool:
+    """Each later round's entities are named in the question or in a passage of the round before: a chain the
+    teacher searches by a name it never read teaches the policy to make its bridge entities up."""
+    for before, after in itertools.pairwise(plan):
+        read = " ".join(passage_body(passages[s["passage_id"]]) for s in before if s["passage_id"] in passages)
+        for step in after:
+            name = plain_title(step["sub_question"])
+            if not (mentioned(name, read) or mentioned(name, question)):
+                return False
+    return True
 
 
 def _ordered_plan(record: dict[str, Any], steps: dict[str, dict], passages: dict[str, str]) -> list[list[dict]] | str:
@@ -256,7 +280,9 @@ def add_findings(plan: list[list[dict]], record: dict[str, Any], passages: dict[
     searched the answer itself, what its passage says that the question asks for (``asked_finding``, for
     ``check_chains``)."""
     answer = (record.get("golden_answers") or [None])[0]
-    about_time = bool(TIME_WORDS.search(record["question"]))
+    # dates are what a comparison reads only when it asks which came first or last ("Which band released the most
+    # albums?" is not about time, though it says "released"; "Which battle lasted longer?" is about durations)
+    about_time = asked_direction(record["question"], True) is not None
     for r, steps in enumerate(plan):
         following = [plain_title(s["sub_question"]) for s in plan[r + 1]] if r + 1 < len(plan) else []
         for step in steps:

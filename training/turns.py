@@ -17,7 +17,7 @@ from typing import Any
 
 from ps_agent.llms import Completion, text_ids
 from ps_agent.protocol import ChatPrompt, Mode, render_answer, render_search
-from ps_agent.questions import plan_rounds
+from ps_agent.questions import plan_rounds, yes_no
 from ps_agent.state import Segment
 from training.plans import GoldQuestion, GoldSet, ends_on_answer
 from training.reading import (
@@ -96,7 +96,9 @@ def teacher_turns(q: GoldQuestion, mode: Mode, rng: random.Random) -> list[str]:
             think = rng.choice(_FIRST[q.question_class]).format(subs=subs, n=len(steps))
         elif i == 0:
             every = _and([s["sub_question"] for s in q.plan[0]])
-            think = rng.choice(_SEQUENTIAL_FIRST if len(q.plan[0]) > 1 else _FIRST["single-hop"])
+            # a chain opens as one (one search at a time), not as "one search is enough"
+            opening = _FIRST["sequential" if q.question_class in ("sequential", "hybrid") else "single-hop"]
+            think = rng.choice(_SEQUENTIAL_FIRST if len(q.plan[0]) > 1 else opening)
             think = think.format(all=every, subs=subs)
         else:
             think = rng.choice(_NEXT[found is not None]).format(found=found, subs=subs)
@@ -362,6 +364,21 @@ def check_chains(gold: GoldSet) -> None:
                 continue
             step = q.plan[-1][0]
             step["finding"], step["check"] = step["asked_finding"], check
+        kept.append(q)
+    gold.questions = kept
+
+
+def drop_undecided_comparisons(gold: GoldSet) -> None:
+    """Leave out the comparisons whose last round reads a value for every entity (a date, a number) without the
+    values deciding for the gold answer: their answer turn would quote "Berkeley: 1868 and Syracuse: 1831" and then
+    answer Berkeley to "Which is older?" (the passages' first dates are not always what the question compares)."""
+    kept = []
+    for q in gold.questions:
+        last = q.plan[-1]
+        valued = len(last) > 1 and all(finding_value(s.get("finding")) is not None for s in last)
+        if valued and yes_no(q.golden_answers) is None and answer_verdict(q) is None:
+            gold.skipped["a comparison whose values read do not decide for its answer"] += 1
+            continue
         kept.append(q)
     gold.questions = kept
 
