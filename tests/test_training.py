@@ -274,6 +274,19 @@ def test_grpo_on_a_shared_benchmark_file_trains_on_its_train_part_only(tiny_mode
         load_questions("builtin", limit=0)  # was every question; -3 dropped the last three
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--top_k", "1"), ("--min_p", "0.5"), ("--repetition_penalty", "3.0"), ("--generation_kwargs", '{"x": 1}')],
+)
+def test_sampling_options_our_rollouts_ignore_are_refused(tiny_model, tmp_path, flag, value):
+    """They were parsed and never reached the hf, vllm-cpu or openai rollouts, which sample with temperature and
+    top_p only."""
+    from training.run_grpo import main
+
+    with pytest.raises(SystemExit, match=rf"{flag}: the hf rollouts sample with --temperature and --top_p only"):
+        main(grpo_args(tiny_model, tmp_path / "run", flag, value, "--max_steps", "1"))
+
+
 def test_two_training_rows_asking_one_question_with_other_answers_are_refused(tmp_path):
     """A rollout finds its row by the question text: each of the two was scored against the last one's answers."""
     rows = [

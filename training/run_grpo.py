@@ -209,6 +209,18 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
     if args.teacher_coef < 0:
         raise SystemExit(f"--teacher_coef {args.teacher_coef}: expected 0 or more (the KL pulls toward the teacher)")
+    if args.backend != "trl-vllm":  # our rollouts sample with temperature and top_p only
+        ignored = {
+            "--top_k": config.top_k not in (0, None, -1),
+            "--min_p": config.min_p is not None,
+            "--repetition_penalty": config.repetition_penalty not in (None, 1.0),
+            "--generation_kwargs": bool(config.generation_kwargs),
+        }
+        if named := [flag for flag, given in ignored.items() if given]:
+            raise SystemExit(
+                f"{', '.join(named)}: the {args.backend} rollouts sample with --temperature and --top_p only; "
+                "expected these unset, or --backend trl-vllm"
+            )
     path = model_path(args.model_name_or_path)
     shared = Path(str(args.data)).resolve().is_relative_to(SHARED_DATA)
     if shared and args.part != "train":  # the benchmarks report on its validation part
