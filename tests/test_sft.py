@@ -142,6 +142,9 @@ def test_a_resume_on_other_episodes_or_another_limit_or_seed_is_refused(tiny_mod
     for flag, value in (("--limit", "6"), ("--seed", "1")):  # the same file, but other episodes or another order
         with pytest.raises(SystemExit, match=rf"was trained with {flag} (None|0), but this run has {flag} {value}"):
             main(sft_args(tiny_model, copy, out, *resume, flag, value))
+    # another step size skips another number of episodes: some never trained (it resumed silently)
+    with pytest.raises(SystemExit, match=r"was trained on 2 episodes a step, but this run takes 4 \(--per_device"):
+        main(sft_args(tiny_model, copy, out, *resume, "--gradient_accumulation_steps", "2"))
     main(sft_args(tiny_model, copy, out, *resume))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
 

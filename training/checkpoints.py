@@ -56,14 +56,18 @@ def epoch_seeded(trainer_class: type) -> type:
     return EpochSeeded
 
 
-def episodes_record(path: str | Path, limit: int | None = None, seed: int | None = None) -> dict[str, Any]:
+def episodes_record(
+    path: str | Path, limit: int | None = None, seed: int | None = None, step_size: int | None = None
+) -> dict[str, Any]:
     """What names the episodes of a run for its checkpoints: the file's path and the sha256 of its bytes, and the
-    run's ``--limit`` (its first N episodes) and ``--seed`` (their order)."""
+    run's ``--limit`` (its first N episodes), ``--seed`` (their order) and episodes per optimizer step (a resume
+    skips ``global_step × step_size`` of them)."""
     digest = hashlib.sha256()
     with Path(path).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"episodes": str(path), "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
+    record = {"episodes": str(path), "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
+    return record | ({"step_size": step_size} if step_size is not None else {})
 
 
 def rows_record(source: str, rows: list[dict[str, Any]], seed: int | None = None) -> dict[str, Any]:
@@ -108,6 +112,12 @@ def check_same_episodes(checkpoint: str | Path, record: dict[str, Any]) -> None:
                 f"resume skips batches by position, so it needs the same episodes in the same order; pass --{key} "
                 f"{saved[key]}"
             )
+    if "step_size" in saved and "step_size" in record and saved["step_size"] != record["step_size"]:
+        raise SystemExit(
+            f"{checkpoint} was trained on {saved['step_size']} episodes a step, but this run takes "
+            f"{record['step_size']} (--per_device_train_batch_size × --gradient_accumulation_steps): a resume skips "
+            "that many episodes per step already trained, so it needs the same; pass the settings of its config"
+        )
 
 
 def save_adapter_weights(tensors: dict, out: Path, dtype) -> Path:

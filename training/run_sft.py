@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
             "build the episodes with the same --max-length (training/gold.py) or raise max_length"
         )
     logger.info("%d episodes, %d tokens, %d trained", len(rows), *_token_counts(rows))
-    episodes = episodes_record(args.episodes, args.limit, config.seed)
+    step_size = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+    episodes = episodes_record(args.episodes, args.limit, config.seed, step_size)
     resume = checked_resume(config.output_dir, config.resume_from_checkpoint, path, episodes)  # before loading
     peft_config = new_lora(args)
     if args.init_adapter:
