@@ -649,3 +649,19 @@ def test_parts_that_assemble_to_another_file_are_refused_and_not_kept(tmp_path, 
         embedded_model_path(base)
     assert not isinstance(converting.value, LLMSpecError)
     assert (tmp_path / "cache" / "gguf" / "fake-model.gguf").read_bytes() == whole
+
+
+def test_a_context_that_fills_the_local_models_window_is_refused_with_the_settings_to_change(tiny_model):
+    """Served settings within their bounds (topk 50, max_parallel 32) read 180k tokens into a 32k window, and the
+    local model generated on it under its lock while every other client waited."""
+    from ps_agent.llms import ContextFull, TransformersPolicy
+    from ps_agent.protocol import render_chat_prompt
+    from ps_agent.state import Segment
+
+    policy = TransformersPolicy.from_pretrained(tiny_model)
+    window = policy.model.config.max_position_embeddings
+    prompt = render_chat_prompt("Q?", "parallel")
+    assert len(policy.context_ids(prompt, [])) < window
+    read = Segment(role="env", text="word " * window, token_ids=None)
+    with pytest.raises(ContextFull, match=rf"tokens fills the model's window \({window} positions\): fewer turns"):
+        policy.context_ids(prompt, [read])

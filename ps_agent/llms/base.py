@@ -14,6 +14,10 @@ class LLMSpecError(ValueError):
     """An LLM spec that names no usable backend."""
 
 
+class ContextFull(ValueError):
+    """A turn's context leaves no room in the model's window."""
+
+
 @dataclass
 class Completion:
     """One policy turn. ``token_ids``/``logprobs`` are set by token-exact backends only."""

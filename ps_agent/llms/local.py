@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ps_agent.batching import MicroBatcher
-from ps_agent.llms.base import Completion, LLMSpecError
+from ps_agent.llms.base import Completion, ContextFull, LLMSpecError
 from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length
 from ps_agent.protocol import ChatPrompt
 from ps_agent.state import Segment
@@ -98,8 +98,16 @@ class TransformersPolicy:
         return chat_prompt_ids(self.tokenizer, prompt)
 
     def context_ids(self, prompt: ChatPrompt, transcript: Sequence[Segment]) -> list[int]:
-        """The ids the next turn is conditioned on."""
-        return context_ids(self.tokenizer, prompt, transcript)
+        """The ids the next turn is conditioned on; a context that fills the model's window is refused (served
+        settings within their bounds, ``topk`` 50 × ``max_parallel`` 32, read 180k tokens into a 32k window)."""
+        ids = context_ids(self.tokenizer, prompt, transcript)
+        window = getattr(self.model.config, "max_position_embeddings", None)
+        if window and len(ids) >= window:
+            raise ContextFull(
+                f"the context of {len(ids)} tokens fills the model's window ({window} positions): fewer turns, "
+                "sub-queries or passages (topk, max_parallel, max_turns)"
+            )
+        return ids
 
     def generate(self, contexts: list[list[int]], stop: Sequence[str], max_tokens: int) -> list[Completion]:
         """One left-padded batch of generations, each stopping at EOS, a stop string or ``max_tokens``."""

@@ -9,14 +9,10 @@ from typing import Any
 import httpx
 
 from ps_agent.http_clients import LoopClients
-from ps_agent.llms.base import Completion, plain_text
+from ps_agent.llms.base import Completion, ContextFull, plain_text
 from ps_agent.llms.tokens import context_ids
 from ps_agent.protocol import ChatPrompt
 from ps_agent.state import Segment
-
-
-class ContextFull(ValueError):
-    """A turn's context leaves no room in the served model's window."""
 
 
 class OpenAICompletionsPolicy:
