@@ -106,14 +106,16 @@ def class_table(summary: dict[str, Any]) -> dict[str, Any]:
     """Per dataset and question class, the modes side by side: EM, decomposition, seconds, turns (Table 3)."""
     modes = sorted(summary["overall"])
     metrics = {"em": "EM", "decomposition_ratio": "decomp. %", "seconds_per_question": "s/question", "turns": "turns"}
-    header = ["dataset / class", "n", *(f"{name} ({m})" for name in metrics.values() for m in modes), "errors"]
+    # each mode's own count of questions and of errors: an interrupted mode may have answered fewer
+    header = ["dataset / class", *(f"n ({m})" for m in modes)]
+    header += [*(f"{name} ({m})" for name in metrics.values() for m in modes), *(f"errors ({m})" for m in modes)]
     rows = []
     for key, by_mode in summary["by_class"].items():
-        cells = [
-            _fmt(by_mode[m].get(k), 2 if k in ("seconds_per_question", "turns") else 1) for k in metrics for m in modes
-        ]
-        n = max(by_mode[m]["n"] for m in modes)
-        rows.append([key, str(n), *cells, str(sum(by_mode[m]["errors"] for m in modes))])
+        digits = {k: 2 if k in ("seconds_per_question", "turns") else 1 for k in metrics}
+        cells = [_fmt(by_mode.get(m, {}).get(k), digits[k]) for k in metrics for m in modes]
+        counts = [str(by_mode[m]["n"]) if m in by_mode else "0" for m in modes]
+        errors = [str(by_mode[m]["errors"]) if m in by_mode else "0" for m in modes]
+        rows.append([key, *counts, *cells, *errors])
     return {"caption": "Per question class: " + " vs ".join(modes), "header": header, "rows": rows}
 
 

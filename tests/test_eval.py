@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ps_agent.eval import EvalFailed, EvalSettings, evaluate
-from ps_agent.eval_report import report
+from ps_agent.eval_report import class_table, report, summarise_results
 from ps_agent.synthetic import GoldPlanPolicy, generate
 
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
@@ -523,3 +523,15 @@ def test_a_question_file_changed_since_the_folder_answered_it_is_refused_after_a
         ValueError, match=r"setA/questions.jsonl \(its contents, since the folder's answers to 'setA'\)"
     ):
         evaluate([Path("./setB/../setA/questions.jsonl")], out, settings())
+
+
+def test_the_class_table_counts_each_modes_questions_and_errors_on_its_own():
+    """n was the larger mode's count and errors the sum over modes: "4 errors" beside n = 3."""
+    rows = [result("hotpotqa", "parallel", "comparison", 1.0, True, 2, 1.0, error="RuntimeError: boom")] * 2
+    rows += [result("hotpotqa", "parallel", "comparison", 1.0, True, 2, 1.0)]
+    rows += [result("hotpotqa", "sequential", "comparison", 1.0, False, 3, 2.0, error="RuntimeError: boom")] * 2
+    table = class_table(summarise_results([r | {"id": str(i)} for i, r in enumerate(rows)]))
+    (row,) = table["rows"]
+    named = dict(zip(table["header"], row, strict=True))
+    assert (named["n (parallel)"], named["n (sequential)"]) == ("3", "2")
+    assert (named["errors (parallel)"], named["errors (sequential)"]) == ("2", "2")
