@@ -585,3 +585,9 @@ def test_a_search_of_no_words_is_told_so_and_searches_nothing():
     first = out["trajectory"]["llm_calls"][0]
     assert (first["action"], first["error"]) == ("invalid", "no sub-query has a word to search for")
     assert not format_valid(out["trajectory"]) and search_count_component(out["trajectory"], "comparison", W) < 0
+
+
+def test_an_unknown_setting_names_the_one_meant_and_the_agents_settings():
+    """It raised "Context.__init__() got an unexpected keyword argument 'max_turn'": another class, no names."""
+    with pytest.raises(TypeError, match=r"unknown setting 'max_turn' \(did you mean 'max_turns'\?\): expected some"):
+        ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever(), max_turn=3)

@@ -255,3 +255,21 @@ def test_a_langchain_document_reads_its_title_as_a_corpus_line_does():
     farewell = document_to_passage(Document('"I Cannot Say "Farewell""\nA 1993 song.'))
     assert (farewell.title, farewell.text) == ('I Cannot Say "Farewell"', "A 1993 song.")
     assert document_to_passage(Document('"X"\ntext', metadata={"id": 0})).id == "0"
+
+
+def test_a_retriever_class_a_sync_asearch_or_an_empty_spec_is_refused_with_what_was_expected():
+    """Each was taken: every search then failed and the agent answered without evidence (or the error named the
+    current folder as a corpus file not found)."""
+    from ps_agent.retrieval import resolve_retriever
+    from ps_agent.testing import SleepyRetriever
+
+    class SyncSearch:
+        def asearch(self, queries, k):
+            return [[] for _ in queries]
+
+    with pytest.raises(TypeError, match="cannot use the class SleepyRetriever as a retriever: expected an instance"):
+        resolve_retriever(SleepyRetriever)
+    with pytest.raises(TypeError, match=r"SyncSearch.asearch is not a coroutine function: expected `async def"):
+        resolve_retriever(SyncSearch())
+    with pytest.raises(ValueError, match="corpus is empty: expected 'embedded', a corpus jsonl path"):
+        resolve_retriever("")

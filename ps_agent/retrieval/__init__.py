@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ def resolve_retriever(spec: Any = None) -> Retriever:
     ``BaseRetriever``/``VectorStore``."""
     if spec is None or spec == EMBEDDED:
         spec = EMBEDDED
+    if isinstance(spec, (str, Path)) and not str(spec).strip():
+        raise ValueError("corpus is empty: expected 'embedded', a corpus jsonl path, an index folder or a server URL")
+    if isinstance(spec, type):
+        raise TypeError(f"cannot use the class {spec.__name__} as a retriever: expected an instance of it")
     if isinstance(spec, str) and spec.startswith(("http://", "https://")):
         return _http_retriever(spec)
     if isinstance(spec, (str, Path)) and (Path(spec) / "manifest.json").is_file():
@@ -80,6 +85,10 @@ def resolve_retriever(spec: Any = None) -> Retriever:
     if isinstance(spec, VectorStore):
         return VectorStoreRetriever(spec)
     if isinstance(spec, Retriever):
+        if not inspect.iscoroutinefunction(spec.asearch):
+            raise TypeError(
+                f"{type(spec).__name__}.asearch is not a coroutine function: expected `async def asearch(queries, k)`"
+            )
         return spec
     raise TypeError(
         f"cannot use {type(spec).__name__} as a retriever: expected None/'embedded', a corpus jsonl path, "
