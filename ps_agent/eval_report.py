@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ps_agent.episodes import aggregate
-from ps_agent.metrics import mean
-from ps_agent.questions import QUESTION_CLASSES
+from ps_agent.metrics import cover_exact_match, exact_match, f1_score, mean
+from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES, question_class, rounds_needed
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.trajectories import read_records
 
@@ -64,7 +64,27 @@ def read_results(out_dir: Path, complete: bool = False) -> list[dict[str, Any]]:
     A line that cannot be read (with every number the report aggregates, when ``complete``) is skipped with a
     warning that names it."""
     records = read_records(sorted((out_dir / "results").glob("*.jsonl")), required=RESULT_KEYS)
-    return list({(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r, complete)}.values())
+    latest = {(r["dataset"], r["mode"], r["id"]): r for r in records if _readable(r, complete)}
+    return [rescored(r) for r in latest.values()]
+
+
+def rescored(record: dict[str, Any]) -> dict[str, Any]:
+    """A result line under today's metrics and question classes: its scores computed again from its answer and
+    golds, and the type its dataset gives where it had none (``questions.DATASET_TYPES``). A line written before
+    a metric was fixed is tabled as a new one would be, not with the score it was written with."""
+    record = dict(record)
+    if record.get("question_type") is None and record.get("dataset") in DATASET_TYPES:
+        record["question_type"] = DATASET_TYPES[record["dataset"]]
+        record["question_class"] = question_class(record["question_type"])
+        record["rounds_needed"] = rounds_needed(record)
+    if record.get("error") is None and isinstance(record.get("answer"), str):
+        golden = record["golden_answers"]
+        record |= {
+            "em": exact_match(record["answer"], golden),
+            "f1": f1_score(record["answer"], golden),
+            "cover_em": cover_exact_match(record["answer"], golden),
+        }
+    return record
 
 
 def summarise_results(records: list[dict[str, Any]]) -> dict[str, Any]:

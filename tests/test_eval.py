@@ -26,7 +26,7 @@ def result(dataset, mode, cls_type, em, decomposed, calls, latency, error=None):
         "question": "q",
         "question_type": cls_type,
         "golden_answers": ["a"],
-        "answer": "a",
+        "answer": "a" if em else "b",  # the report scores the answer again
         "latency_s": latency,
         "error": error,
         "question_class": {"comparison": "parallelisable", None: "single-hop"}.get(cls_type, "sequential"),
@@ -535,3 +535,15 @@ def test_the_class_table_counts_each_modes_questions_and_errors_on_its_own():
     named = dict(zip(table["header"], row, strict=True))
     assert (named["n (parallel)"], named["n (sequential)"]) == ("3", "2")
     assert (named["errors (parallel)"], named["errors (sequential)"]) == ("2", "2")
+
+
+def test_a_line_written_before_a_metric_or_a_class_was_fixed_is_tabled_as_a_new_one_would_be(tmp_path):
+    """Tables reused the EM a line was written with: '' scored 1 against NQ's "---" until it was fixed, and
+    Bamboogle's untyped questions stayed single-hop in folders written before."""
+    old = result("nq", "parallel", None, 1.0, False, 2, 1.0) | {"answer": "", "golden_answers": ["---"]}
+    bamboogle = result("bamboogle", "parallel", None, 1.0, False, 3, 1.0)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "old.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(bamboogle) + "\n")
+    summary = report(tmp_path)
+    assert summary["by_dataset"]["nq"]["parallel"]["em"] == 0.0
+    assert list(summary["by_class"]) == ["bamboogle/sequential", "nq/single-hop"]
