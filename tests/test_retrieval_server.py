@@ -458,3 +458,33 @@ def test_a_querys_passages_do_not_depend_on_the_topk_of_requests_batched_with_it
     small, large = asyncio.run(scenario())
     assert [d["id"] for d in small] == ["q-3-0", "q-3-1", "q-3-2"] and len(large) == 50
     assert sorted(k for _, k in retriever.calls) == [3, 50]
+
+
+def test_the_client_keeps_a_urls_query_and_does_not_retry_a_200_that_is_not_search_r1s_json():
+    """``/retrieve`` was appended after a URL's query string; a 200 of bare documents was retried as transient."""
+    import http.server
+    import threading
+
+    paths = []
+
+    class NotSearchR1(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            paths.append(self.path)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'[{"id": "1", "contents": "x"}]')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotSearchR1)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = HTTPRetriever(f"http://127.0.0.1:{server.server_address[1]}?token=abc")
+        with pytest.raises(RetrievalRejected, match=r"answered 200 without Search-R1's JSON .*expected \{\"result\""):
+            asyncio.run(client.asearch(["Big Ben"], 1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert paths == ["/retrieve?token=abc"]

@@ -25,8 +25,9 @@ class HTTPRetriever:
     Timeouts, retries with backoff and throttling are the agent's (``resilient_search``)."""
 
     def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 64) -> None:
-        base = url.rstrip("/")  # ".../retrieve/" got FastAPI's redirect, which the client does not follow
-        self.url = base if base.endswith("/retrieve") else base + "/retrieve"
+        parsed = httpx.URL(url)  # the path alone: ``?token=...`` stays where it is
+        path = parsed.path.rstrip("/")  # ".../retrieve/" got FastAPI's redirect, which the client does not follow
+        self.url = str(parsed.copy_with(path=path if path.endswith("/retrieve") else path + "/retrieve"))
         self.timeout_s = timeout_s
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.ssl_context = httpx.create_ssl_context()  # built once (~70 ms), not by each loop's client
@@ -50,16 +51,23 @@ class HTTPRetriever:
         client = await self.clients.get()
         response = await client.post(self.url, content=body, headers={"Content-Type": "application/json"})
         if response.status_code != 200:
-            message = f"retrieval server answered {response.status_code}: {_detail(response)}"
+            message = f"retrieval server {self.url} answered {response.status_code}: {_detail(response)}"
             if 300 <= response.status_code < 500 and response.status_code not in (408, 429):
                 raise RetrievalRejected(message)  # a redirect too: no retry reaches another URL
             raise RuntimeError(message)
-        result = response.json()["result"]
-        return [
-            [Passage.from_contents(str(hit["document"]["id"]), hit["document"]["contents"], hit.get("score"))
-             for hit in hits]
-            for hits in result
-        ]  # fmt: skip
+        try:
+            result = response.json()["result"]
+            return [
+                [Passage.from_contents(str(hit["document"]["id"]), hit["document"]["contents"], hit.get("score"))
+                 for hit in hits]
+                for hits in result
+            ]  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:  # no retry makes this server speak Search-R1's JSON
+            raise RetrievalRejected(
+                f"retrieval server {self.url} answered 200 without Search-R1's JSON ({type(exc).__name__}: {exc}; "
+                f'body {response.text[:200]!r}): expected {{"result": [[{{"document": {{"id", "contents"}}, '
+                '"score"}, ...], ...]}'
+            ) from None
 
 
 def _detail(response: httpx.Response) -> str:
