@@ -1256,3 +1256,27 @@ def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_
     with pytest.raises(FloatingPointError, match=r"1 of its \d+ tensors hold NaN or inf \(first: .*q_proj\.lora_B"):
         export([str(checkpoint), str(tmp_path / "diverged")])
     assert not (tmp_path / "diverged").exists()
+
+
+def test_every_class_is_logged_in_every_batch_so_processes_average_to_the_mix():
+    """TRL averages a metric over the processes that logged it: a class logged only where present read 0.5 for a
+    class a third of the rollouts held."""
+    from ps_agent.questions import QUESTION_CLASSES
+    from ps_agent.rewards import COMPONENTS
+    from training.rollout import log_rollout_metrics
+
+    def one_process(classes):
+        records = [
+            {"question_class": c, "step": 0, "question": str(i), "rewards": {k: 0.0 for k in (*COMPONENTS, "total")},
+             "failed_searches": 0, "truncated": False, "decomposed": False, "format_valid": True,
+             "forced_answer": False, "search_rounds": 1, "rounds_needed": 1, "llm_calls": 2,
+             "timeline": {"turns": [{"completion": "<think> a b c </think>"}]}}
+            for i, c in enumerate(classes)
+        ]  # fmt: skip
+        logged = {}
+        log_rollout_metrics(records, logged.__setitem__)
+        return {c: logged[f"rollout/class_frac/{c}"] for c in QUESTION_CLASSES}
+
+    processes = [one_process(["parallelisable", "sequential"]), one_process(["sequential", "sequential"])]
+    averaged = {c: sum(p[c] for p in processes) / len(processes) for c in QUESTION_CLASSES}
+    assert averaged["parallelisable"] == 0.25 and averaged["sequential"] == 0.75 and averaged["hybrid"] == 0.0

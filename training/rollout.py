@@ -32,6 +32,7 @@ from ps_agent.episodes import episode_record, summarise_rollouts
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy
 from ps_agent.llms.tokens import token_sequences
 from ps_agent.metrics import mean
+from ps_agent.questions import QUESTION_CLASSES
 from ps_agent.rewards import RewardWeights, reward_components
 from ps_agent.trajectories import TrajectoryLog
 from training.signals import ctrl_c_interrupts
@@ -107,7 +108,9 @@ def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str
         "rollout/under_search_frac": summary["under_search"],
         "rollout/think_words": summary["think_words"],
     } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
-    metrics |= {f"rollout/class_frac/{cls}": v for cls, v in summary["class_mix"].items()}
+    # every class, 0 where a batch has none: TRL averages a metric over the processes that logged it, so a class
+    # logged only where present read 0.5 for a class a third of the rollouts held (6 processes, docs/scale.md)
+    metrics |= {f"rollout/class_frac/{cls}": summary["class_mix"].get(cls, 0.0) for cls in QUESTION_CLASSES}
     for name, value in metrics.items():
         if value is not None:  # think_words under the tools protocol, whose turns have no think blocks
             log_metric(name, value)
