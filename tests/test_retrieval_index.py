@@ -97,6 +97,9 @@ def test_bad_corpora_say_what_is_wrong(tmp_path):
         list(iter_corpus(tmp_path / "bad.parquet"))
     with pytest.raises(CorpusError, match="corpus not found"):
         list(iter_corpus(tmp_path / "missing.jsonl"))
+    for empty in ("hf:", "hf::train"):  # an IndexError traceback
+        with pytest.raises(CorpusError, match=f"corpus '{empty}' names no dataset: expected hf:NAME"):
+            list(iter_corpus(empty))
 
 
 def test_e5_models_get_their_prefixes_and_embeddings_are_normalised():

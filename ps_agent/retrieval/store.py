@@ -121,6 +121,8 @@ def iter_corpus(source: str | Path, batch_size: int = 10_000) -> Iterator[pa.Rec
         import datasets
 
         name, _, split = source[3:].partition(":")
+        if not name.strip():
+            raise CorpusError(f"corpus {source!r} names no dataset: expected hf:NAME or hf:NAME:SPLIT")
         yield from _dataset_batches(
             datasets.load_dataset(name, split=split or "train", streaming=True), source, batch_size
         )
