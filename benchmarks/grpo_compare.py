@@ -121,10 +121,23 @@ def main() -> None:
             evaluate(list(sets.values()), args.run_dir / name, settings)
             runs.append(Run(name, args.run_dir / name, mode))
             print(f"{name}: evaluated in {(time.time() - started) / 60:.1f} min", flush=True)
-    paper_tables(runs, args.ours, args.baseline, args.bootstrap, args.out)
+    limited = {name for name, adapter, _ in policies if adapter == "base" and args.base_limit}
+    tables(runs, limited, args.ours, args.baseline, args.bootstrap, args.out)
     command = "python benchmarks/grpo_compare.py " + " ".join(sys.argv[1:])
     table = args.out.with_suffix(".md")
     table.write_text(f"`{command}` ({(time.time() - started) / 60:.0f} min)\n\n" + table.read_text())
+
+
+def tables(runs: list[Run], limited: set[str], ours: str, baseline: str, bootstrap: int, out: Path) -> None:
+    """The paper's tables of the runs asked every question, and apart (``OUT-NAME``) each run asked only the first
+    ``--base-limit`` of each set: beside the others, it cut every table to its questions (8 a set, none of
+    HotpotQA's comparisons among them)."""
+    full = [run for run in runs if run.name not in limited]
+    if full:
+        paper_tables(full, ours, baseline, bootstrap, out)
+    for run in runs:
+        if run.name in limited:
+            paper_tables([run], None, None, bootstrap, out.with_name(f"{out.name}-{run.name}"))
 
 
 if __name__ == "__main__":

@@ -200,3 +200,27 @@ def test_intervals_do_not_depend_on_the_order_the_results_were_written_in(tmp_pa
     key = "hotpotqa/parallelisable"
     assert results[0]["by_class"][key]["a"]["em_ci"] == results[1]["by_class"][key]["a"]["em_ci"]
     assert results[0]["ours_vs_baseline"][key]["em_diff_ci"] == results[1]["ours_vs_baseline"][key]["em_diff_ci"]
+
+
+def test_a_base_asked_a_few_questions_a_set_is_tabled_apart_not_cutting_the_others_tables(tmp_path):
+    """grpo_compare.py's untrained base answers the first --base-limit questions of each set: tabled beside the
+    others, every table (the paired comparison included) shrank to its questions."""
+    from benchmarks.common import Run
+    from benchmarks.grpo_compare import tables
+
+    ours = [line(f"q{i}", "parallel", float(i % 2), 2, True) for i in range(6)]
+    ours += [line(f"s{i}", "parallel", 1.0, 3, False, cls="sequential") for i in range(3)]
+    baseline = [line(f"q{i}", "sequential", 0.0, 3, False) for i in range(6)]
+    baseline += [line(f"s{i}", "sequential", 1.0, 3, False, cls="sequential") for i in range(3)]
+    base = [line(f"s{i}", "parallel", 0.0, 2, False, cls="sequential") for i in range(2)]  # its first two
+    runs = [
+        Run("ours", eval_folder(tmp_path, "ours", ours), "parallel"),
+        Run("searchr1", eval_folder(tmp_path, "searchr1", baseline), "sequential"),
+        Run("base", eval_folder(tmp_path, "base", base), "parallel"),
+    ]
+    tables(runs, {"base"}, "ours", "searchr1", 200, tmp_path / "t")
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert result["by_class"]["hotpotqa/parallelisable"]["ours"]["n"] == 6 and "base" not in result["runs"]
+    assert result["ours_vs_baseline"]["hotpotqa/parallelisable"]["n"] == 6
+    alone = json.loads((tmp_path / "t-base.json").read_text())
+    assert alone["by_class"]["hotpotqa/sequential"]["base"]["n"] == 2
