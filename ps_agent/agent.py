@@ -148,13 +148,22 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
 
     def as_tool(
         self,
-        name: str = "parallel_search",
-        description: str = "Answer a factual question by searching a knowledge corpus, in parallel where the "
-        "question has independent parts. Input: the question. Output: a short answer.",
-        **_: Any,
+        args_schema: Any = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        arg_types: Any = None,
     ) -> BaseTool:
         """This agent as a LangChain tool that takes a question and returns the answer text; a call's config
-        (``configurable`` settings, callbacks) reaches the run."""
+        (``configurable`` settings, callbacks) reaches the run. ``Runnable.as_tool``'s signature: its input is
+        always ``{"question": str}``, so another ``args_schema`` or ``arg_types`` is refused, not ignored."""
+        if args_schema is not None or arg_types is not None:
+            raise TypeError("as_tool takes no args_schema or arg_types: the tool's input is {'question': str}")
+        name = name or "parallel_search"
+        description = description or (
+            "Answer a factual question by searching a knowledge corpus, in parallel where the question has "
+            "independent parts. Input: the question. Output: a short answer."
+        )
 
         # LangChain hands a tool function the caller's config (its configurable settings, callbacks, tags)
         def answer(question: str, config: RunnableConfig) -> str:

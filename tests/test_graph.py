@@ -446,6 +446,18 @@ def test_as_tool_returns_the_answer():
     assert asyncio.run(tool.ainvoke({"question": "Q?"})) == "Paris"
 
 
+def test_as_tool_takes_langchains_arguments_and_refuses_a_schema_it_cannot_honour():
+    """args_schema and arg_types were silently ignored, and a schema given first became the tool's name."""
+    agent = ParallelSearchAgent(llm=FakeListLLM(responses=[ANSWER]), retriever=SleepyRetriever())
+    tool = agent.as_tool(name="wiki_answer", description="Answers from Wikipedia.")
+    assert (tool.name, tool.description) == ("wiki_answer", "Answers from Wikipedia.")
+    assert agent.as_tool(name=None).name == "parallel_search"
+    with pytest.raises(TypeError, match=r"as_tool takes no args_schema or arg_types: the tool's input is"):
+        agent.as_tool(arg_types={"query": str})
+    with pytest.raises(TypeError, match=r"as_tool takes no args_schema or arg_types"):
+        agent.as_tool(dict)
+
+
 def test_as_tool_passes_the_calls_config_to_the_run():
     retriever = SleepyRetriever()
     tool = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER, FOUR, ANSWER), retriever=retriever).as_tool()
