@@ -273,3 +273,21 @@ def test_a_retriever_class_a_sync_asearch_or_an_empty_spec_is_refused_with_what_
         resolve_retriever(SyncSearch())
     with pytest.raises(ValueError, match="corpus is empty: expected 'embedded', a corpus jsonl path"):
         resolve_retriever("")
+
+
+def test_the_langchain_and_http_wrappers_check_their_arguments_where_they_are_made():
+    """A spec string failed at the first search with AttributeError, k=0 returned nothing silently, and a URL
+    without a host was retried at every search."""
+    from pydantic import ValidationError
+
+    from ps_agent.retrieval.http import HTTPRetriever
+    from ps_agent.retrieval.langchain import PassageRetriever
+
+    docs = PassageRetriever(retriever="embedded", k=1).invoke("Mount Everest")
+    assert len(docs) == 1 and docs[0].metadata["title"]
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        PassageRetriever(retriever="embedded", k=0)
+    with pytest.raises(ValueError, match=r"retrieval server URL 'http://': expected http://HOST:PORT"):
+        HTTPRetriever("http://")
+    with pytest.raises(ValueError, match="timeout_s must be a number of seconds > 0, got -1"):
+        HTTPRetriever("http://127.0.0.1:8000", timeout_s=-1)

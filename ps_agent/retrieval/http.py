@@ -26,6 +26,10 @@ class HTTPRetriever:
 
     def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 64) -> None:
         parsed = httpx.URL(url)  # the path alone: ``?token=...`` stays where it is
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"retrieval server URL {url!r}: expected http://HOST:PORT[/retrieve]")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         path = parsed.path.rstrip("/")  # ".../retrieve/" got FastAPI's redirect, which the client does not follow
         self.url = str(parsed.copy_with(path=path if path.endswith("/retrieve") else path + "/retrieve"))
         self.timeout_s = timeout_s

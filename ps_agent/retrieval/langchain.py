@@ -8,6 +8,7 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
+from pydantic import Field, field_validator
 
 from ps_agent.retrieval.base import Passage, contents_title
 from ps_agent.retrieval.corpus import passage_id
@@ -55,7 +56,15 @@ class PassageRetriever(BaseRetriever):
     """Any ``Retriever`` of this project (BM25, the HTTP client, …) as a LangChain ``BaseRetriever``."""
 
     retriever: Any
-    k: int = 3
+    k: int = Field(default=3, ge=1)
+
+    @field_validator("retriever", mode="before")
+    @classmethod
+    def _resolved(cls, retriever: Any) -> Any:
+        """A retriever, or a spec of one (``"embedded"``, a corpus path, an index folder, a server URL)."""
+        from ps_agent.retrieval import resolve_retriever
+
+        return resolve_retriever(retriever)
 
     def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:
         return run_sync(self._aget_relevant_documents(query, run_manager=run_manager))
