@@ -262,12 +262,21 @@ def split_part(question_id: str, validation_fraction: float = VALIDATION_FRACTIO
     return "validation" if bucket < validation_fraction else "train"
 
 
+_REPEAT_RE = re.compile(r"(sha1-[0-9a-f]{16})#\d+")
+
+
+def row_part(row: Mapping[str, Any]) -> str:
+    """A question row's part of the split: its id's (``split_part``), a repeat of an id-less question (``#2``,
+    ``#3``: ``read_jsonl``) in its first copy's part, so that no question is trained on and validated on."""
+    repeat = _REPEAT_RE.fullmatch(str(row["id"]))
+    return split_part(repeat.group(1) if repeat else row["id"])
+
+
 def read_split(path: str | Path, part: str) -> list[dict[str, Any]]:
     """The raw records of one part (``train`` or ``validation``) of a shared jsonl file, in file order."""
     if part not in ("train", "validation"):
         raise ValueError(f"part must be 'train' or 'validation', got {part!r}")
+    rows = read_jsonl(path)  # each line checked, and an id-less one given its content id, as evaluation reads it
     with Path(path).open(encoding="utf-8") as lines:
-        records = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
-    for number, record in records:  # each checked as any question line is (a string answer read letter by letter)
-        to_row(record, f"{path}:{number}")
-    return [r for _, r in records if split_part(r["id"]) == part]
+        records = [json.loads(line) for line in lines if line.strip()]
+    return [record for record, row in zip(records, rows, strict=True) if row_part(row) == part]
