@@ -405,13 +405,19 @@ def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():
     )  # a name the question does not hold
 
 
-def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():
+def blue_moon_chain():
+    """A HotpotQA-form bridge: the film, then its director, named in the film's passage."""
     rec = record("bridge", "Which country is the director of Blue Moon from?", ["Blue Moon (film)", "Jo Park"])
     rec["golden_answers"] = ["Korea"]
     passages = {
         "id-Blue Moon (film)": '"Blue Moon (film)"\nBlue Moon is a 1999 film. It was directed by Jo Park in Seoul.',
         "id-Jo Park": '"Jo Park"\nJo Park is a director. He was born in Korea in 1950.',
     }
+    return rec, passages
+
+
+def test_chain_findings_quote_the_sentence_naming_the_next_hop_and_then_the_answer():
+    rec, passages = blue_moon_chain()
     plan = plan_from_titles(rec, passages)
     assert [s["finding"] for r in plan for s in r] == [
         "It was directed by Jo Park in Seoul",
@@ -773,12 +779,7 @@ def test_a_comparison_whose_values_decide_against_its_answer_is_left_out():
 
 def test_a_chain_searched_one_step_at_a_time_opens_as_a_chain_not_as_one_search():
     """Every sequential-mode chain of the Search-R1 baseline's gold opened "One search for X should answer this"."""
-    rec = record("bridge", "Which country is the director of Blue Moon from?", ["Blue Moon (film)", "Jo Park"])
-    rec["golden_answers"] = ["Korea"]
-    passages = {
-        "id-Blue Moon (film)": '"Blue Moon (film)"\nBlue Moon is a 1999 film. It was directed by Jo Park in Seoul.',
-        "id-Jo Park": '"Jo Park"\nJo Park is a director. He was born in Korea in 1950.',
-    }
+    rec, passages = blue_moon_chain()
     q = GoldQuestion("b", rec["question"], ["Korea"], "bridge", plan_from_titles(rec, passages), "hotpotqa", "c")
     for seed in range(6):
         first = teacher_turns(q, "sequential", random.Random(seed))[0]
