@@ -4,6 +4,7 @@ from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.graph import AgentError
 from ps_agent.retrieval import Passage, Retriever
+from ps_agent.serving import ChoiceError, Choices
 
-__all__ = ["AgentConfig", "AgentError", "ParallelSearchAgent", "Passage", "Retriever"]
+__all__ = ["AgentConfig", "AgentError", "ChoiceError", "Choices", "ParallelSearchAgent", "Passage", "Retriever"]
 __version__ = "0.1.0"

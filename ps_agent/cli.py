@@ -52,6 +52,9 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log prog
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("bm25s").setLevel(logging.INFO if verbose else logging.WARNING)  # it logs at DEBUG itself
+    if not verbose:  # a model's "Loading weights" bar on every command (read when transformers is imported)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 @app.command()

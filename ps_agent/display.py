@@ -58,7 +58,8 @@ def print_trace(result: dict[str, Any]) -> None:
             console.print(tree)
     console.print(Panel(plain(result["answer"] or "(no answer)"), title="answer", expand=False, border_style="green"))
     console.print(
-        f"[dim]{stats['llm_calls']} LLM calls · {stats['search_rounds']} search rounds · "
+        f"[dim]{stats['llm_calls']} LLM calls · {stats['search_rounds']} search round"
+        f"{'' if stats['search_rounds'] == 1 else 's'} · "
         f"{stats['sub_queries']} sub-queries · decomposed={stats['decomposed']} · "
         f"forced_answer={stats['forced_answer']} · {stats['latency_s']:.1f} s[/dim]"
     )

@@ -27,6 +27,8 @@ def test_make_demo_is_answered_right_by_the_embedded_defaults(qwen_path):
     question = re.search(r"^QUESTION \?= (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     result = run("ask", question, "--json")
     assert result.returncode == 0, result.stderr
+    # a first run's screen: no Hub lookup warning (offline), no deprecation warning, no weights bar
+    assert "Warning" not in result.stderr and "Loading weights" not in result.stderr, result.stderr
     out = json.loads(result.stdout)
     assert set(out) == {"answer", "trajectory", "stats"}
     assert out["stats"]["llm_calls"] == len(out["trajectory"]["llm_calls"]) == 2

@@ -20,6 +20,8 @@ PACKAGES = ("ps_agent", "training")
 LAZY = {
     ("ps_agent.cli", "*"): "a command loads what it runs (FAISS, the server, eval), so `ps-agent --help` starts fast",
     ("ps_agent.retrieval", "ps_agent.retrieval.index"): "FAISS and the encoders load only when an index folder is used",
+    ("ps_agent.retrieval.langchain", "ps_agent.retrieval"): "the package imports this adapter: PassageRetriever "
+    "resolves its spec through the package's resolve_retriever at validation",
 }
 
 

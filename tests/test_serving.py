@@ -158,3 +158,10 @@ def test_choices_that_are_not_a_mapping_are_refused_where_they_are_given():
         Choices(corpora="embedded")
     with pytest.raises(TypeError, match=r"choices must be a ps_agent\.serving\.Choices, got dict"):
         ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever(), choices={"llms": {"a": "a"}})
+
+
+def test_choices_are_imported_from_the_package_as_the_docs_write_them():
+    """docs/agent.md and docs/serving.md write ``choices=Choices(...)``: ``ps_agent.Choices`` did not exist."""
+    import ps_agent
+
+    assert ps_agent.Choices is Choices and ps_agent.ChoiceError is ChoiceError

@@ -80,8 +80,13 @@ def peft_adapter(adapter: str | Path, base: str | Path | None = None, *, trainab
     stored = _adapter_keys(adapter)
     with warnings.catch_warnings():  # PEFT's warning lists every missing key; the error below says what matters
         warnings.filterwarnings("ignore", message="Found missing adapter keys", category=UserWarning)
+        # an embedded adapter names its base by name, not path: PEFT looks the name up on the Hub (offline here),
+        # then says it will assume the vocabulary unchanged, which ``_adapter_keys`` checks for it
+        warnings.filterwarnings("ignore", message="Unable to fetch remote file", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter, is_trainable=trainable)
-    expected = set(get_peft_model_state_dict(model))  # the names PEFT saves (LoRA, DoRA, modules_to_save)
+        expected = set(get_peft_model_state_dict(model))  # the names PEFT saves (LoRA, DoRA, modules_to_save)
     unmatched, unfilled = sorted(stored - expected), sorted(expected - stored)
     if unmatched or unfilled:
         raise LLMSpecError(
