@@ -1097,8 +1097,8 @@ def test_a_mix_row_keeps_how_many_rounds_its_chain_needs(tmp_path):
     drawn = candidates(per_class_counts("12"), tmp_path / "gold")
     (tmp_path / "mix.jsonl").write_text("".join(json.dumps(r) + "\n" for r in drawn))
     rows = [r for r in load_questions(str(tmp_path / "mix.jsonl")) if r["id"].startswith("synth")]
-    needed = Counter((r["question_type"], rounds_needed(r)) for r in rows)
-    assert needed[("hybrid", 3)] == 1 and needed[("hybrid", 2)] == 10 and needed[("comparison", 1)] == 6
+    assert rows and all(rounds_needed(r) == r["optimal_rounds"] for r in rows)  # each its own plan's length
+    assert any(r["question_type"] in ("bridge", "hybrid") and rounds_needed(r) >= 3 for r in rows)  # not the minimum
 
 
 def test_the_mix_counts_candidates_per_class_and_refuses_a_bad_count():
