@@ -30,7 +30,7 @@ import numpy as np
 from ps_agent.configuration import BOUNDS
 from ps_agent.episodes import aggregate, interval, question_key, scored
 from ps_agent.eval import MODES, EvalSettings, evaluate
-from ps_agent.eval_report import em_row, read_results
+from ps_agent.eval_report import cell, em_row, read_results
 from ps_agent.llms import (
     OpenAICompletionsPolicy,
     embedded_base,
@@ -354,10 +354,6 @@ def compare(
     return result
 
 
-def _cell(value: float | None, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"  # what the agent did: none of the cell's runs ended
-
-
 def _ci(value: float | None, ci: list[float] | None, digits: int = 1) -> str:
     if value is None or ci is None:
         return "–"  # nothing to measure: e.g. no question both runs ran without error
@@ -378,8 +374,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
     for key, by_model in result["by_class"].items():
         for name, c in by_model.items():
             lines.append(
-                f"| {key} | {name} | {c['n']} | {_ci(c['em'], c['em_ci'])} | {_cell(c.get('decomposition_ratio'))} | "
-                f"{_cell(c.get('seconds_per_question'), 2)} | {_ci(c.get('turns'), c.get('turns_ci'), 2)} |"
+                f"| {key} | {name} | {c['n']} | {_ci(c['em'], c['em_ci'])} | {cell(c.get('decomposition_ratio'))} | "
+                f"{cell(c.get('seconds_per_question'), 2)} | {_ci(c.get('turns'), c.get('turns_ci'), 2)} |"
             )
     datasets = list(result["by_dataset"])
     lines += ["", "## Exact match (%) per benchmark (Table 2 layout)", ""]
@@ -414,7 +410,7 @@ def pooled_rows(pooled: dict[str, dict[str, dict]]) -> list[str]:
         cells = [name, str(pooled["all"][name]["n"]), _ci(pooled["all"][name]["em"], pooled["all"][name]["em_ci"])]
         cells += [at(cls, name, lambda c: f"{c['em']:.1f} (n={c['n']})") for cls in classes]
         cells += [
-            at(cls, name, lambda c: _cell(c.get("decomposition_ratio"))) for cls in ("parallelisable", "sequential")
+            at(cls, name, lambda c: cell(c.get("decomposition_ratio"))) for cls in ("parallelisable", "sequential")
         ]
         cells.append(at("parallelisable", name, lambda c: _ci(c.get("turns"), c.get("turns_ci"), 2)))
         rows.append("| " + " | ".join(cells) + " |")

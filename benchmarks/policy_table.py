@@ -42,6 +42,7 @@ from benchmarks.common import (  # noqa: E402
     validation_sets,
 )
 from ps_agent.episodes import aggregate  # noqa: E402
+from ps_agent.eval_report import cell  # noqa: E402
 from ps_agent.metrics import normalize_answer  # noqa: E402
 from ps_agent.questions import QUESTION_CLASSES, read_jsonl, yes_no  # noqa: E402
 from ps_agent.trajectories import read_records  # noqa: E402
@@ -143,14 +144,11 @@ def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict
         "| format % | forced % |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
 
-    def cell(value: float | None, spec: str) -> str:  # None: no question of the cell ran to its end
-        return "–" if value is None else format(value, spec)
-
     lines = [
         f"| {r['policy']} | {r['dataset']} | {r['class']} | {r['n']} | {r['em']:.1f} [{r['em_low']:.1f}, "
-        f"{r['em_high']:.1f}] | {r['f1']:.1f} | {cell(r['split'], '.0f')} | {cell(r['two_rounds'], '.0f')} "
-        f"| {cell(r['llm_calls'], '.2f')} | {cell(r['seconds'], '.1f')} ({r['device']}) "
-        f"| {cell(r['format_valid'], '.0f')} | {cell(r['forced'], '.0f')} |"
+        f"{r['em_high']:.1f}] | {r['f1']:.1f} | {cell(r['split'], 0)} | {cell(r['two_rounds'], 0)} "
+        f"| {cell(r['llm_calls'], 2)} | {cell(r['seconds'], 1)} ({r['device']}) "
+        f"| {cell(r['format_valid'], 0)} | {cell(r['forced'], 0)} |"
         for r in table
     ]
     note = "Seconds per question are comparable only between rows run on the same device (in brackets)."

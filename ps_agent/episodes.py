@@ -64,15 +64,22 @@ def episode_record(
     answer, golden = out["answer"], row["golden_answers"]
     return question_fields(row) | {
         "answer": answer,
-        "em": exact_match(answer, golden),
-        "f1": f1_score(answer, golden),
-        "cover_em": cover_exact_match(answer, golden),
+        **scores(answer, golden),
         "rewards": reward_components(trajectory, golden, row["question_type"], weights),
         "format_valid": format_valid(trajectory),
         "sub_queries_per_round": [len(r["searched"]) for r in trajectory["search_rounds"]],
         **{key: stats[key] for key in STATS},
         "error": None,
         "timeline": timeline_of(trajectory),
+    }
+
+
+def scores(answer: str | None, golden_answers: Sequence[str]) -> dict[str, float]:
+    """An answer's EM, F1 and cover-EM against the golden answers."""
+    return {
+        "em": exact_match(answer, golden_answers),
+        "f1": f1_score(answer, golden_answers),
+        "cover_em": cover_exact_match(answer, golden_answers),
     }
 
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps_agent.episodes import aggregate
-from ps_agent.metrics import cover_exact_match, exact_match, f1_score, mean
-from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES, question_class, rounds_needed
+from ps_agent.episodes import aggregate, question_fields, scores
+from ps_agent.metrics import mean
+from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES
 from ps_agent.report import eval_rows, png_data_uri, render, save_png
 from ps_agent.trajectories import read_records
 
@@ -74,16 +74,9 @@ def rescored(record: dict[str, Any]) -> dict[str, Any]:
     a metric was fixed is tabled as a new one would be, not with the score it was written with."""
     record = dict(record)
     if record.get("question_type") is None and record.get("dataset") in DATASET_TYPES:
-        record["question_type"] = DATASET_TYPES[record["dataset"]]
-        record["question_class"] = question_class(record["question_type"])
-        record["rounds_needed"] = rounds_needed(record)
+        record |= question_fields(record | {"question_type": DATASET_TYPES[record["dataset"]]})
     if record.get("error") is None and isinstance(record.get("answer"), str):
-        golden = record["golden_answers"]
-        record |= {
-            "em": exact_match(record["answer"], golden),
-            "f1": f1_score(record["answer"], golden),
-            "cover_em": cover_exact_match(record["answer"], golden),
-        }
+        record |= scores(record["answer"], record["golden_answers"])
     return record
 
 
@@ -104,7 +97,8 @@ def summarise_results(records: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def cell(value: Any, digits: int = 1) -> str:
+    """A table cell: ``value`` to ``digits`` decimals, or "–" where there is nothing to show."""
     return "–" if value is None else f"{value:.{digits}f}"
 
 
@@ -112,7 +106,7 @@ def em_row(name: str, ems: Sequence[float | None]) -> list[str]:
     """A row of the paper's Table 2 layout: ``name``, EM per benchmark ("–" where it has none) and their average,
     "–" unless every benchmark has one (an average over fewer benchmarks would not compare with the other rows)."""
     average = None if any(e is None for e in ems) else mean(ems)
-    return [name, *(_fmt(e) for e in ems), _fmt(average)]
+    return [name, *(cell(e) for e in ems), cell(average)]
 
 
 def em_table(summary: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +126,7 @@ def class_table(summary: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for key, by_mode in summary["by_class"].items():
         digits = {k: 2 if k in ("seconds_per_question", "turns") else 1 for k in metrics}
-        cells = [_fmt(by_mode.get(m, {}).get(k), digits[k]) for k in metrics for m in modes]
+        cells = [cell(by_mode.get(m, {}).get(k), digits[k]) for k in metrics for m in modes]
         counts = [str(by_mode[m]["n"]) if m in by_mode else "0" for m in modes]
         errors = [str(by_mode[m]["errors"]) if m in by_mode else "0" for m in modes]
         rows.append([key, *counts, *cells, *errors])

@@ -199,10 +199,9 @@ class ToolsProtocol:
 
     @staticmethod
     def _result(query: str, error: str | None, results: dict[str, SubQueryObservation], context: Context) -> str:
-        if error:
-            return f'Search failed: {error}; call search with {{"query": "<what to search for>"}}.'
-        if not sub_query_key(query):
-            return 'Search failed: no words to search for; call search with {"query": "<what to search for>"}.'
+        if error or not sub_query_key(query):
+            why = error or "no words to search for"
+            return f'Search failed: {why}; call search with {{"query": "<what to search for>"}}.'
         found = next((result for q, result in results.items() if sub_query_key(q) == sub_query_key(query)), None)
         if found is None:
             if context.mode == "sequential":

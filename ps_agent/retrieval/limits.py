@@ -42,10 +42,11 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            low = 0 if name == "max_wait_ms" else 1e-9  # a batch may leave at once: it holds what queued meanwhile
-            if not isinstance(value, bool) and not (value >= low and math.isfinite(value)):
-                bound = ">= 0" if name == "max_wait_ms" else "> 0"
-                raise ValueError(f"ServerLimits.{name} must be a finite number {bound}, got {value!r}")
+            zero_ok = name == "max_wait_ms"  # a batch may leave at once: it holds what queued meanwhile
+            if not isinstance(value, bool) and not ((value >= 0 if zero_ok else value > 0) and math.isfinite(value)):
+                raise ValueError(
+                    f"ServerLimits.{name} must be a finite number {'>=' if zero_ok else '>'} 0, got {value!r}"
+                )
 
 
 class ReadDeadlineProtocol(HttpToolsProtocol):

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: the most queries a request model takes: a longer list is refused before any of its items is validated
 QUERIES_CAP = 4096
+#: passages per query where a request gives none, or null (Search-R1's server default)
+DEFAULT_TOPK = 3
 
 
 class RetrieveRequest(BaseModel):
@@ -46,7 +48,11 @@ class RetrieveRequest(BaseModel):
     queries: list[str] = Field(
         max_length=QUERIES_CAP, description="queries to search, UTF-8 text (an empty one gets no passages)"
     )
-    topk: int | None = Field(default=3, ge=1, description="passages per query (null: 3), at most ServerLimits.max_topk")
+    topk: int | None = Field(
+        default=DEFAULT_TOPK,
+        ge=1,
+        description=f"passages per query (null: {DEFAULT_TOPK}), at most ServerLimits.max_topk",
+    )
     return_scores: bool = False
 
     @field_validator("queries")
@@ -159,7 +165,7 @@ def create_app(retriever: Retriever, limits: ServerLimits | None = None) -> Fast
     async def _answer(request: RetrieveRequest) -> RetrieveResponse:
         # a query past max_query_chars is searched by its start (a rollout that rambled inside <search> fails
         # alone in Search-R1's client, which has no error handling: its whole batch would); an empty one is not
-        topk = request.topk or 3
+        topk = request.topk or DEFAULT_TOPK
         asked = [query[: limits.max_query_chars] for query in request.queries]
         items = [(query, topk) for query in asked if query.strip()]
         with metrics["latency"].time():
