@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import faiss
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -301,6 +302,22 @@ def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path
     resumed = [[p.id for p in r] for r in search(load_index(out), queries, 3)]
     fresh = [[p.id for p in r] for r in search(load_index(built, "flat"), queries, 3)]
     assert resumed == fresh
+
+
+@pytest.mark.parametrize("started", ["float32", "bfloat16"])  # on any CPU, one of them is not what auto picks
+def test_a_continued_build_encodes_in_the_dtype_it_started_in_and_refuses_another_by_name(corpus, tmp_path, started):
+    out = tmp_path / "index"
+    build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype=started)
+    first = np.load(out / "embeddings" / "00002.npy")
+    for path in (out / "embeddings" / "00002.npy", out / "flat.faiss", out / "manifest.json"):
+        path.unlink()  # as a build killed while encoding its last shard leaves it
+    other = "bfloat16" if started == "float32" else "float32"
+    with pytest.raises(IndexMismatch, match=f"encoded in {started}.*--dtype {other}.*continue with --dtype {started}"):
+        build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype=other)
+
+    manifest = build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype="auto")
+    assert manifest["encoder_dtype"] == started
+    np.testing.assert_allclose(np.load(out / "embeddings" / "00002.npy"), first, atol=1e-6)
 
 
 def test_index_folders_resolve_as_retrievers_and_move_to_a_gpu_only_when_faiss_sees_one(built, passages):

@@ -29,7 +29,7 @@ from ps_agent.retrieval.base import Retriever
 from ps_agent.retrieval.bm25 import BM25Retriever
 from ps_agent.retrieval.corpus import CorpusError
 from ps_agent.retrieval.dense import DENSE_TYPES, DenseRetriever, HybridRetriever, new_index, on_gpu_if_present
-from ps_agent.retrieval.encoders import Encoder, canonical_name, encoder_checksum, load_encoder
+from ps_agent.retrieval.encoders import Encoder, canonical_name, encoder_checksum, load_encoder, resolve_dtype
 from ps_agent.retrieval.store import PassageStore, corpus_fingerprint, iter_corpus
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,21 @@ def _same_build(plan: dict, previous: dict) -> str | None:
     if previous["shard_size"] != plan["shard_size"]:
         return f"its embedding shards hold {previous['shard_size']} rows, not {plan['shard_size']}"
     return None
+
+
+def _kept_dtype(out: Path, asked: str, resolved: str | None, started: str | None) -> str | None:
+    """The dtype a continued build encodes in: the one its kept embeddings were encoded in (``auto`` takes it),
+    so that no index mixes the vectors of two dtypes; another one asked for by name is refused."""
+    if resolved is None or started is None or not any((out / "embeddings").glob("*.npy")):
+        return resolved
+    if asked != "auto" and resolved != started:
+        raise IndexMismatch(
+            f"{out} holds embeddings encoded in {started}, and --dtype {asked} would add {resolved} ones to them: "
+            f"continue with --dtype {started} (or auto), or use another --out"
+        )
+    if resolved != started:
+        logger.info("continuing %s in %s, the dtype its kept embeddings were encoded in", out, started)
+    return started
 
 
 def _check_out(out: Path) -> None:
@@ -110,6 +125,7 @@ def build_index(
         "shard_size": shard_size,
     }
     plan["encoder_checksum"] = encoder_checksum(plan["encoder"]) if dense_types else None
+    plan["encoder_dtype"] = resolve_dtype(dtype, device) if dense_types else None
     if (out / "build.json").exists() and (out / "passages.arrow").exists():  # else nothing of it was kept
         previous = json.loads((out / "build.json").read_text())
         problem = _same_build(plan, previous)
@@ -117,6 +133,7 @@ def build_index(
             raise IndexMismatch(f"{out} already holds another index ({problem}); use another --out or delete it")
         plan["encoder"] = plan["encoder"] or previous["encoder"]
         plan["encoder_checksum"] = plan["encoder_checksum"] or previous.get("encoder_checksum")
+        plan["encoder_dtype"] = _kept_dtype(out, dtype, plan["encoder_dtype"], previous.get("encoder_dtype"))
     _write_json(out / "build.json", plan)
 
     store_path = out / "passages.arrow"
@@ -131,7 +148,7 @@ def build_index(
     params: dict[str, dict] = {}
     dimension = encoder_dtype = None
     if dense_types:
-        embedder = load_encoder(plan["encoder"], device, batch_size, dtype)
+        embedder = load_encoder(plan["encoder"], device, batch_size, plan["encoder_dtype"])
         dimension = embedder.dimension
         encoder_dtype = embedder.dtype
         shards = embed_shards(store, embedder, out / "embeddings", shard_size, progress)
