@@ -2,7 +2,7 @@
 
     python training/run_grpo.py                          # short run on the embedded defaults
     python training/run_grpo.py --config training/configs/hotpotqa.yaml
-    accelerate launch --num_processes 2 --cpu training/run_grpo.py --max_steps 1 ...
+    torchrun --nproc_per_node 2 training/run_grpo.py --max_steps 1 ...   # several processes (docs/training.md)
 
 Every field of ``ParallelSearchArguments`` and of TRL's ``GRPOConfig`` is a flag (``--loss_type dr_grpo``,
 ``--beta 0.04``, ``--num_generations 8``, ``--resume_from_checkpoint RUN/checkpoint-10``, ...) or a key of
@@ -104,8 +104,8 @@ class ParallelSearchArguments(ModelArguments, AgentArguments):
     alpha: float | None = field(
         default=None,
         metadata={
-            "help": "bonus multiplier α for decomposing parallelisable questions; default: the paper's 3, lowered "
-            "to 0.8 × the break-even value on a mix where 3 would make always-decomposing pay (docs/rewards.md)"
+            "help": "bonus multiplier α for decomposing parallelisable questions; default: min(3, 0.8 × the "
+            "break-even value (1 - p)/p), the paper's 3 only where at most 21% should be split (docs/rewards.md)"
         },
     )
     lambda_s: float = field(default=0.35, metadata={"help": "search-count penalty weight λs"})
