@@ -84,7 +84,10 @@ def test_ask_prints_untrusted_text_as_text(monkeypatch, tmp_path):
     [
         (["--llm", "openai:gpt-4o-mini", "--protocol", "tools"], "is the provider's API key set"),
         (["--llm", "vllm:http://127.0.0.1:9/v1", "--protocol", "tools"], "cannot reach the vLLM server"),
-        (["--llm", "vllm:http://127.0.0.1:9/v1"], "LLM call failed on turn 1: ConnectError"),
+        (
+            ["--llm", "vllm:http://127.0.0.1:9/v1"],
+            "turn 1: ConnectionError: the vLLM server at http://127.0.0.1:9/v1 did not",
+        ),
         (["--topk", "100000"], "topk must be an integer from 1 to 50, got 100000"),
         (["--mode", "fast"], "'fast' is not one of"),
     ],

@@ -91,7 +91,19 @@ class OpenAICompletionsPolicy:
     async def acomplete(
         self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
-        """The next turn from the server, as exact token ids with their log-probs."""
+        """The next turn from the server, as exact token ids with their log-probs; a server that cannot be reached
+        is a ``ConnectionError`` that names its URL."""
+        try:
+            return await self._complete(prompt, transcript, stop=stop, max_tokens=max_tokens)
+        except httpx.TransportError as exc:
+            raise ConnectionError(
+                f"the vLLM server at {self.base_url} did not answer ({type(exc).__name__}: {exc or 'no reason given'}):"
+                " is it running, at that URL?"
+            ) from exc
+
+    async def _complete(
+        self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
+    ) -> Completion:
         client = await self.clients.get()
         model = await self._model_name(client)
         context = await self._context(client, model, prompt, transcript)
