@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 from langchain_core.messages import HumanMessage, ToolMessage, get_buffer_string
 
 from ps_agent.context import Context
-from ps_agent.llms import Completion, token_cap
+from ps_agent.llms import Completion, cut_at_token_limit, token_cap
 from ps_agent.protocol import (
     FORCED_ANSWER_PROMPT,
     INVALID_ACTION_MESSAGE,
@@ -56,7 +56,7 @@ TOOLS_PARALLEL_HINT = (
     "so the searches run in parallel. "
 )
 TOOLS_SEQUENTIAL_HINT = "call it with one query at a time. "
-TOOLS_INVALID_MESSAGE = "Your previous message had neither a search tool call nor an answer. Try again."
+TOOLS_INVALID_MESSAGE = "Your previous message had neither a search tool call nor a complete answer. Try again."
 TOOLS_FORCED_MESSAGE = "You have used all your searches. Reply now with the final answer only, as a short phrase."
 
 
@@ -165,7 +165,7 @@ class ToolsProtocol:
             text=reply.text
             + "".join(json.dumps(call["args"]) for call in reply.tool_calls)
             + "".join(str(call["args"] or "") for call in reply.invalid_tool_calls),
-            prompt_text=get_buffer_string(state["messages"]),
+            prompt_text=get_buffer_string(state["messages"] + new),
             prompt_tokens=usage.get("input_tokens"),
             completion_tokens=usage.get("output_tokens"),
             finish_reason=reply.response_metadata.get("finish_reason"),
@@ -182,6 +182,8 @@ class ToolsProtocol:
             ]
             ids = [call.get("id") or f"call_{i}" for i, call in enumerate(calls)]
             return Turn(completion, "search", update, sub_queries=queries, tool_call_ids=ids, call_errors=refused)
+        if not forced and cut_at_token_limit(completion.finish_reason, reply.response_metadata):
+            return Turn(completion, "invalid", update, error="cut at the token cap (max_new_tokens)")
         if answer := parse_forced_answer(reply.text):
             return Turn(completion, "forced_answer" if forced else "answer", update, answer=answer)
         if forced:

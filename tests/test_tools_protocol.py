@@ -3,6 +3,7 @@
 from langchain_core.messages import AIMessage, ToolMessage
 
 from ps_agent import ParallelSearchAgent
+from ps_agent.policy_protocols import TOOLS_FORCED_MESSAGE
 from ps_agent.testing import InFlightRetriever, SleepyRetriever, ToolCallingFakeChatModel, tool_calls
 
 
@@ -129,3 +130,30 @@ def test_a_plain_answer_after_thinking_is_the_answer_alone():
     model = chat(AIMessage("<think>Newton 1642, Einstein 1879.</think>\n\nIsaac Newton"))
     out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke({"question": "Q?"})
     assert out["answer"] == "Isaac Newton"
+
+
+def test_a_reply_cut_at_the_token_cap_is_an_invalid_turn_not_the_answer():
+    cut = AIMessage("The capital of France is Pa", response_metadata={"finish_reason": "length"})
+    model = chat(cut, AIMessage("Paris"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Capital of France?")
+    assert out["answer"] == "Paris"
+    first, second = out["trajectory"]["llm_calls"]
+    assert (first["action"], first["error"]) == ("invalid", "cut at the token cap (max_new_tokens)")
+    assert second["action"] == "answer"
+
+
+def test_the_forced_turn_records_the_message_that_forced_it():
+    model = chat(tool_calls("a"), AIMessage("Rome"))
+    out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools", max_turns=1).invoke("Q?")
+    forced = out["trajectory"]["llm_calls"][-1]
+    assert forced["action"] == "forced_answer"
+    assert forced["prompt"].endswith("Human: " + TOOLS_FORCED_MESSAGE)
+
+
+def test_a_chat_model_without_tool_calling_is_refused_before_the_run_naming_the_tags_protocol():
+    import pytest
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    model = FakeListChatModel(responses=["<answer>x</answer>"])
+    with pytest.raises(ValueError, match=r"FakeListChatModel has none \(no bind_tools\): use protocol='tags'"):
+        ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke("Q?")

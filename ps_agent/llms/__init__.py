@@ -35,7 +35,13 @@ from ps_agent.llms.embedded import (
     policies_dir,
     shipped_policies,
 )
-from ps_agent.llms.langchain import LangChainChatPolicy, LangChainLLMPolicy, token_cap, transcript_messages
+from ps_agent.llms.langchain import (
+    LangChainChatPolicy,
+    LangChainLLMPolicy,
+    cut_at_token_limit,
+    token_cap,
+    transcript_messages,
+)
 from ps_agent.llms.local import TransformersPolicy
 from ps_agent.llms.specs import SPEC_FORMS, release_text_policies, resolve_chat_model, resolve_text_policy
 from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length, segment_ids, special_strings, text_ids
@@ -62,6 +68,7 @@ __all__ = [
     "chat_prompt_ids",
     "check_gguf",
     "context_ids",
+    "cut_at_token_limit",
     "embedded_base",
     "embedded_model_path",
     "embedded_spec",

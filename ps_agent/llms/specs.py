@@ -116,6 +116,11 @@ def release_text_policies() -> None:
 def resolve_chat_model(llm: Any) -> BaseChatModel:
     """A tool-calling chat model for the tools protocol."""
     if isinstance(llm, BaseChatModel):
+        if type(llm).bind_tools is BaseChatModel.bind_tools:  # LangChain's own raises a bare NotImplementedError
+            raise LLMSpecError(
+                f"the tools protocol needs a chat model with tool calling, and {type(llm).__name__} has none (no "
+                "bind_tools): use protocol='tags', which any chat model or LLM speaks"
+            )
         return llm
     if isinstance(llm, str) and llm.startswith("vllm:"):
         from langchain_openai import ChatOpenAI
