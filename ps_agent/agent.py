@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
@@ -82,7 +83,7 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     @staticmethod
     def _input(input: dict[str, Any] | str | BaseMessage | Sequence[BaseMessage]) -> dict[str, Any]:
         """The graph's input: ``{"question": ...}`` as given, or a question given as text, or as a chat's messages
-        (the last human message's text), as a LangChain chain passes them."""
+        or a prompt template's value (the last human message's text), as a LangChain chain passes them."""
         if isinstance(input, Mapping):
             if "question" not in input:
                 raise ValueError(
@@ -91,6 +92,8 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
             return dict(input)
         if isinstance(input, str):
             return {"question": input}
+        if isinstance(input, PromptValue):  # a prompt template's output: ``prompt | agent``
+            input = input.to_messages()
         messages = [input] if isinstance(input, BaseMessage) else input
         if isinstance(messages, Sequence) and messages and all(isinstance(m, BaseMessage) for m in messages):
             human = [m for m in messages if isinstance(m, HumanMessage)]
@@ -129,10 +132,21 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         async for chunk in self.graph.astream(self._input(input), config, context=context, **kwargs):
             yield chunk
 
+    def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        """In a chain's stream (``agent | step``, ``agent.pick("answer")``): the run's output, once, as the next
+        step expects it (``stream`` itself yields the graph's node updates)."""
+        yield self.invoke(_last(input), config, **kwargs)
+
+    async def atransform(
+        self, input: AsyncIterator[Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        yield await self.ainvoke(_last([chunk async for chunk in input]), config, **kwargs)
+
     def batch(
         self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, **kwargs: Any
     ) -> list[Any]:
-        """Runs at once: at most the agent's ``max_concurrency``, unless the config says how many."""
+        """Runs at once: at most the config's ``max_concurrency`` (LangChain's, else its ``configurable``'s), else
+        the agent's."""
         _check_batch(inputs)
         return super().batch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
@@ -143,8 +157,20 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         return await super().abatch(inputs, self._batch_configs(config, len(inputs)), **kwargs)
 
     def _batch_configs(self, config: RunnableConfig | list[RunnableConfig] | None, n: int) -> list[RunnableConfig]:
-        limit = {"max_concurrency": self.context.max_concurrency}
-        return [c if c.get("max_concurrency") is not None else {**c, **limit} for c in get_config_list(config, n)]
+        configs = get_config_list(config, n)
+        return [c if c.get("max_concurrency") is not None else c | {"max_concurrency": self._limit(c)} for c in configs]
+
+    def _limit(self, config: RunnableConfig) -> int:
+        """A run's ``max_concurrency``: its ``configurable``'s, else the agent's (a bad setting is the run's error)."""
+        try:
+            return self.context.with_overrides(config).max_concurrency
+        except (TypeError, ValueError):
+            return self.context.max_concurrency
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> type[BaseModel]:
+        """``{"question": str}``: what Studio-like clients and ``as_tool`` on a wrapped agent
+        (``agent.with_retry().as_tool()``) build their forms and arguments from."""
+        return _Question
 
     def as_tool(
         self,
@@ -181,6 +207,17 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
             f.name: getattr(self.context, f.name) for f in fields(self.context) if f.name not in ("llm", "corpus")
         }
         return f"ParallelSearchAgent({settings})"
+
+
+def _last(chunks: Iterable[Any]) -> Any:
+    """The input a chain streams in: its chunks added up where they add (text), else the last one."""
+    final = None
+    for chunk in chunks:
+        try:
+            final = chunk if final is None else final + chunk
+        except TypeError:
+            final = chunk
+    return final
 
 
 def _check_batch(inputs: Any) -> None:

@@ -52,6 +52,9 @@ class AgentError(RuntimeError):
         self.trajectory = trajectory
         self.stats = stats
 
+    def __reduce__(self) -> tuple[type[AgentError], tuple[str, dict[str, Any], dict[str, Any]]]:
+        return type(self), (str(self), self.trajectory, self.stats)  # pickled whole: across processes, as batch runs
+
 
 # --- the nodes ----------------------------------------------------------------------------------
 

@@ -1,15 +1,19 @@
 """The graph through its real LangGraph machinery, with scripted policies and retrievers (test doubles)."""
 
 import asyncio
+import pickle
 import re
 import time
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.language_models.llms import LLM
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
@@ -603,3 +607,67 @@ def test_an_unknown_setting_names_the_one_meant_and_the_agents_settings():
     """It raised "Context.__init__() got an unexpected keyword argument 'max_turn'": another class, no names."""
     with pytest.raises(TypeError, match=r"unknown setting 'max_turn' \(did you mean 'max_turns'\?\): expected some"):
         ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever(), max_turn=3)
+
+
+@pytest.mark.parametrize("path", ["batch", "abatch"])
+def test_batch_runs_at_most_a_runs_configurable_max_concurrency_at_once(path):
+    """A per-run ``configurable`` sets any setting; batch wrote the agent's own 16 over it."""
+    retriever = InFlightRetriever(expect=2)
+    agent = ParallelSearchAgent(llm=SearchThenAnswer(), retriever=retriever)
+    questions, one = [f"Q{i}?" for i in range(4)], {"configurable": {"max_concurrency": 1}}
+    outs = agent.batch(questions, one) if path == "batch" else asyncio.run(agent.abatch(questions, one))
+    assert [o["answer"] for o in outs] == ["Paris"] * 4 and len(retriever.calls) == 4
+    assert retriever.peak == 1, f"{retriever.peak} runs searched at once, with max_concurrency=1"
+
+
+class CountingCallbacks(BaseCallbackHandler):
+    """Test double: counts the model calls a run's callbacks see."""
+
+    def __init__(self) -> None:
+        self.llm_starts = 0
+
+    def on_llm_start(self, serialized, prompts, **kwargs):
+        self.llm_starts += 1
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+def test_a_runs_callbacks_reach_every_call_of_a_langchain_llm(path):
+    agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=SleepyRetriever())
+    callbacks = CountingCallbacks()
+    config = {"callbacks": [callbacks]}
+    out = agent.invoke("Q?", config) if path == "invoke" else asyncio.run(agent.ainvoke("Q?", config))
+    assert out["stats"]["llm_calls"] == 2 and callbacks.llm_starts == 2
+
+
+def test_a_chain_streams_the_agents_output_to_the_next_step():
+    agent = ParallelSearchAgent(llm=scripted_llm(*[FOUR, ANSWER] * 4), retriever=SleepyRetriever())
+    answer = agent | RunnableLambda(lambda out: out["answer"])
+    assert list(answer.stream("Q?")) == ["Paris"]
+    assert list(agent.pick("answer").stream("Q?")) == ["Paris"]
+
+    async def astreamed():
+        return [chunk async for chunk in answer.astream("Q?")]
+
+    assert asyncio.run(astreamed()) == ["Paris"]
+    nodes = [next(iter(chunk)) for chunk in agent.stream("Q?")]  # the agent alone still streams its node updates
+    assert nodes[0] == "prepare" and nodes[-1] == "finish"
+
+
+def test_a_prompt_templates_value_asks_its_human_message():
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "{q}")])
+    out = (prompt | agent).invoke({"q": "Which is older?"})
+    assert out["answer"] == "Paris" and out["trajectory"]["question"] == "Which is older?"
+
+
+def test_a_wrapped_agent_becomes_a_tool_of_one_question_argument():
+    agent = ParallelSearchAgent(llm=scripted_llm(ANSWER), retriever=SleepyRetriever())
+    tool = agent.with_retry(stop_after_attempt=2).as_tool(name="research")
+    assert list(tool.args) == ["question"]
+    assert tool.invoke({"question": "Q?"})["answer"] == "Paris"
+
+
+def test_an_agent_error_crosses_processes_whole():
+    error = AgentError("LLM call failed on turn 2: boom", {"question": "Q?"}, {"llm_calls": 1})
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.trajectory, copy.stats) == (str(error), error.trajectory, error.stats)

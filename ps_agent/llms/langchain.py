@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from langchain_core.language_models import BaseChatModel, BaseLanguageModel, BaseLLM
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import ensure_config
 
 from ps_agent.llms.base import Completion, plain_text
 from ps_agent.protocol import ChatPrompt, close_action
@@ -34,9 +35,12 @@ class LangChainLLMPolicy:
     async def acomplete(
         self, prompt: ChatPrompt, transcript: Sequence[Segment], *, stop: Sequence[str], max_tokens: int
     ) -> Completion:
-        """The next turn, completed from the plain text so far."""
+        """The next turn, completed from the plain text so far; the run's callbacks, tags and metadata (LangChain's
+        current config, as ``ainvoke`` reads it) reach the call, which ``agenerate`` alone would not pass on."""
         prompt_text = plain_text(prompt, transcript)
-        result = await self.llm.agenerate([prompt_text], stop=list(stop), **token_cap(self.llm, max_tokens))
+        config = ensure_config()
+        traced = {key: config.get(key) for key in ("callbacks", "tags", "metadata", "run_name")}
+        result = await self.llm.agenerate([prompt_text], stop=list(stop), **traced, **token_cap(self.llm, max_tokens))
         generation = result.generations[0][0]
         usage = (result.llm_output or {}).get("token_usage", {})
         info = generation.generation_info or {}
