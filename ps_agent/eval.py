@@ -142,6 +142,12 @@ def finished_ids(path: Path) -> set[str]:
     return {question_id for question_id, record in latest.items() if record["error"] is None}
 
 
+def _left(out_dir: Path, path: Path, rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """A file's questions not yet answered in ``mode`` in ``out_dir``."""
+    done = finished_ids(out_dir / "results" / f"{dataset_name(path)}.{mode}.jsonl")
+    return [row for row in rows if row["id"] not in done]
+
+
 def end_torn_line(path: Path) -> None:
     """A crash mid-write leaves a last line without its newline: end it, so the next appended line is whole
     (the fragment stays, skipped when read, so nothing written is lost)."""
@@ -160,8 +166,7 @@ async def _evaluate_file(
     written = []
     for mode in settings.modes:
         results = out_dir / "results" / f"{dataset}.{mode}.jsonl"
-        done = finished_ids(results)
-        todo = [row for row in rows if row["id"] not in done]
+        todo = _left(out_dir, path, rows, mode)
         task = progress.add_task(f"{dataset} · {mode}", total=len(rows), completed=len(rows) - len(todo))
         agent = ParallelSearchAgent(
             llm=settings.llm, retriever=corpus_for(path, settings.retriever), mode=mode, **settings.agent
@@ -250,7 +255,8 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
         check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"], earlier)
         check_same_settings(out_dir, run, earlier)
         for mode in settings.modes:
-            check_llm(settings.llm, mode, settings.agent.get("protocol", "tags"))
+            if any(_left(out_dir, path, rows, mode) for path, rows in files):  # a finished rerun loads no model
+                check_llm(settings.llm, mode, settings.agent.get("protocol", "tags"))
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
         try:
             run_sync(run_all())  # also from Jupyter, whose event loop is already running

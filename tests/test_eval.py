@@ -547,3 +547,18 @@ def test_a_line_written_before_a_metric_or_a_class_was_fixed_is_tabled_as_a_new_
     summary = report(tmp_path)
     assert summary["by_dataset"]["nq"]["parallel"]["em"] == 0.0
     assert list(summary["by_class"]) == ["bamboogle/sequential", "nq/single-hop"]
+
+
+def test_a_rerun_with_every_question_answered_loads_no_model(synthetic, tmp_path, monkeypatch):
+    import ps_agent.eval
+
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), limit=2)
+    evaluate([questions], tmp_path / "out", settings)
+    loaded = []
+    monkeypatch.setattr(ps_agent.eval, "check_llm", lambda *args: loaded.append(args))  # test double: counts loads
+    summary = evaluate([questions], tmp_path / "out", settings)
+    assert loaded == [] and summary["overall"]["parallel"]["n"] == 2
+    settings.limit = 3  # one question left: the model is loaded for it
+    evaluate([questions], tmp_path / "out", settings)
+    assert len(loaded) == 1
