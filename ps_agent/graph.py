@@ -163,11 +163,15 @@ def route(state: AgentState) -> list[Send] | str:
 
 
 async def search(task: SearchTask, runtime: Runtime[Context]) -> dict[str, Any]:
-    """One sub-query on its own branch, so a round's searches run concurrently; a failure is recorded, not raised."""
+    """One sub-query on its own branch, so a round's searches run concurrently; a failure is recorded, not raised.
+    A task a client sent itself (a served graph's ``command``) is checked, and searched at most
+    ``max_question_chars`` long, as a question is."""
     context = runtime.context
+    if not (isinstance(task, dict) and isinstance(task.get("index"), int) and isinstance(task.get("sub_query"), str)):
+        raise ValueError(f"a search task is {{'index': int, 'sub_query': str, 'deadline': float}}, got {task!r:.120}")
     outcome = await resilient_search(
         context.retriever,
-        task["sub_query"],
+        task["sub_query"][: context.max_question_chars],
         context.topk,
         timeout_s=context.search_timeout_s,
         retries=context.search_retries,

@@ -1,6 +1,7 @@
 """The graph through its real LangGraph machinery, with scripted policies and retrievers (test doubles)."""
 
 import asyncio
+import contextlib
 import pickle
 import re
 import time
@@ -14,12 +15,14 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
+from langgraph.types import Command, Send
 
 from ps_agent import AgentError, ParallelSearchAgent
 from ps_agent.context import Context
-from ps_agent.graph import graph, prepare, route, think
+from ps_agent.graph import compile_graph, graph, prepare, route, think
 from ps_agent.protocol import FORCED_ANSWER_PROMPT, INVALID_ACTION_MESSAGE
 from ps_agent.retrieval import Passage
 from ps_agent.rewards import RewardWeights, format_valid, search_count_component
@@ -671,3 +674,17 @@ def test_an_agent_error_crosses_processes_whole():
     error = AgentError("LLM call failed on turn 2: boom", {"question": "Q?"}, {"llm_calls": 1})
     copy = pickle.loads(pickle.dumps(error))
     assert (str(copy), copy.trajectory, copy.stats) == (str(error), error.trajectory, error.stats)
+
+
+def test_a_search_a_client_sends_itself_is_checked_and_bounded_as_a_question_is():
+    """A served graph's client may ``goto`` the search node with ``Send``s of its own, skipping ``prepare``."""
+    retriever = SleepyRetriever()
+    served = compile_graph()
+    served.checkpointer = InMemorySaver()
+    context = Context(llm=scripted_llm(ANSWER), corpus=retriever, max_question_chars=50)
+    thread = {"configurable": {"thread_id": "client-made"}}
+    with pytest.raises(ValueError, match=r"a search task is \{'index': int, 'sub_query': str.*got \{'sub_query': 5\}"):
+        served.invoke(Command(goto=[Send("search", {"sub_query": 5})]), thread, context=context)
+    with contextlib.suppress(Exception):  # the run fails after the search: no round of its own was pending
+        served.invoke(Command(goto=[Send("search", {"index": 0, "sub_query": "x" * 10_000})]), thread, context=context)
+    assert retriever.calls == [["x" * 50]]
