@@ -60,9 +60,17 @@ def subs(plan):
         # the question names the first hop
         (record("bridge", "Who directed Unbreakable?", ["David Dunn", "Unbreakable (film)"]), {},
          [["Unbreakable (film)"], ["David Dunn"]]),
-        # neither named: the passage that names the other comes first
-        (record("compositional", "Where was the parent of X born?", ["Father", "Son"]),
+        # both named: the passage that names the other comes first
+        (record("compositional", "Where was Father, the parent of Son, born?", ["Father", "Son"]),
          {"id-Son": "Son is the child of Father.", "id-Father": "Father was born in Y."}, [["Son"], ["Father"]]),
+        # a Wikipedia qualifier is searched only where the question or the passage read before says it
+        (record("bridge", "Where did the director of the film Passport die?",
+                ["Passport (film)", "Mal Clair (filmmaker)"]),
+         {"id-Passport (film)": "Passport is a film directed by Mal Clair.", "id-Mal Clair (filmmaker)": "He died."},
+         [["Passport (film)"], ["Mal Clair"]]),
+        (record("bridge", "Where did the director of Passport die?", ["Passport (novel)", "Mal Clair (filmmaker)"]),
+         {"id-Passport (novel)": "Passport is a novel filmed by filmmaker Mal Clair.", "id-Mal Clair (filmmaker)": "."},
+         [["Passport"], ["Mal Clair (filmmaker)"]]),
         (record("bridge_comparison", "Whose director was born first, Film A or Film B?",
                 ["Film A", "Dir A", "Film B", "Dir B"]), {}, [["Film A", "Film B"], ["Dir A", "Dir B"]]),
         (record("3hop1", "q", ["P", "Q", "R"]), {}, [["P"], ["Q"], ["R"]]),
@@ -83,6 +91,17 @@ def test_plans_follow_from_supporting_titles(rec, passages, expected):
 )
 def test_questions_without_a_derivable_plan_say_why(rec, reason):
     assert plan_from_titles(rec, {}).startswith(reason)
+
+
+def test_a_chain_that_starts_from_an_entity_the_question_does_not_name_is_left_out():
+    """51 real episodes searched first a title the question never names ("When was the English rock band formed
+    that's first recording remained unreleased?" → ``<search> On Parole </search>``): made-up first hops."""
+    rec = record("compositional", "Where was the parent of X born?", ["Father", "Son"])
+    passages = {"id-Son": "Son is the child of Father.", "id-Father": "Father was born in Y."}
+    assert (
+        plan_from_titles(rec, passages)
+        == "a round's entity is named neither in the question nor in what was read before it"
+    )
 
 
 def test_comparison_findings_quote_each_passages_date_when_the_question_is_about_time():
@@ -238,13 +257,13 @@ def test_a_yes_no_answer_follows_a_check_of_the_two_values():
     jobs = [{"sub_question": "A occupation", "finding": "composer"}, {"sub_question": "B occupation",
             "finding": "engineer"}]  # fmt: skip
     assert yes_no_verdict("Were A and B both composers?", jobs, "no") == (
-        "The question asks whether both are composer. composer and engineer: not both composer."
+        'The question asks whether both are "composer". composer and engineer: not both.'
     )
     assert yes_no_verdict("Did A and B have the same occupation?", jobs, "no") == (
         "The question asks whether they are the same. composer and engineer: different."
     )
     same = [dict(jobs[0]), dict(jobs[1], finding="Composer")]
-    assert yes_no_verdict("Were A and B both composers?", same, "yes").endswith("composer and Composer: both composer.")
+    assert yes_no_verdict("Were A and B both composers?", same, "yes").endswith("composer and Composer: both.")
     assert yes_no_verdict("Did A and B have the same occupation?", same, "yes").endswith(": the same.")
     assert yes_no_verdict("Did A and B have the same occupation?", jobs, "yes") is None  # the check says no
     assert yes_no_verdict("Were A and B both sculptors?", jobs, "no") is None  # the question names neither value
@@ -259,7 +278,7 @@ def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_se
     jobs = [{"sub_question": "Ab Cd", "finding": "Ab Cd (born 1801 in Tamsk) was a composer", "value": "composer"},
             {"sub_question": "Ef Gh", "finding": "Ef Gh was an engineer", "value": "engineer"}]  # fmt: skip
     assert yes_no_verdict("Were Ab Cd and Ef Gh both composers?", jobs, "no") == (
-        "The question asks whether both are composer. Ab Cd: composer, yes; Ef Gh: engineer, no. Not both."
+        'The question asks whether both are "composer". Ab Cd: composer, yes; Ef Gh: engineer, no. Not both.'
     )
     both = [jobs[0], dict(jobs[1], value="Composer")]
     assert yes_no_verdict("Were Ab Cd and Ef Gh both composers?", both, "yes").endswith(
@@ -749,7 +768,7 @@ def test_a_chain_whose_next_hop_was_never_read_is_left_out():
         "id-Garrett Morris": '"Garrett Morris"\nGarrett Morris was an original cast member of Saturday Night Live.',
     }
     assert plan_from_titles(rec, passages) == (
-        "a hop's entity is named neither in the question nor in what was read before it"
+        "a round's entity is named neither in the question nor in what was read before it"
     )
     passages["id-Martin (TV series)"] += " It starred Martin Lawrence and Garrett Morris."
     assert isinstance(plan_from_titles(rec, passages), list)
@@ -784,3 +803,35 @@ def test_a_chain_searched_one_step_at_a_time_opens_as_a_chain_not_as_one_search(
     for seed in range(6):
         first = teacher_turns(q, "sequential", random.Random(seed))[0]
         assert "one search is enough" not in first and "should answer this" not in first, first
+
+
+def test_an_answer_title_cased_by_its_dataset_is_taught_as_its_passage_writes_it(tmp_path):
+    """31 2Wiki episodes answered "Boyd Merriman, 1St Baron Merriman" where the passage read says "1st"."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    row = {"id": "q1", "question": "Who is the father of Jo Merriman?", "golden_answers": ["Boyd Merriman, 1St Baron"],
+           "type": "bridge", "supporting_titles": ["Jo Merriman", "Boyd Merriman, 1st Baron"],
+           "supporting_doc_ids": ["p1", "p2"]}  # fmt: skip
+    corpus = [
+        {"id": "p1", "contents": '"Jo Merriman"\nJo Merriman is the son of Boyd Merriman, 1st Baron.'},
+        {"id": "p2", "contents": '"Boyd Merriman, 1st Baron"\nBoyd Merriman, 1st Baron was a judge.'},
+    ]
+    (folder / "dev.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (q,) = shared_questions("set", root=tmp_path).questions
+    assert q.golden_answers == ["Boyd Merriman, 1st Baron", "Boyd Merriman, 1St Baron"]
+    assert teacher_turns(q, "parallel", random.Random(0))[-1].endswith("<answer> Boyd Merriman, 1st Baron </answer>")
+
+
+def test_a_clipped_quote_is_cut_between_names_and_dates_and_ends_on_a_content_word():
+    """116 real episodes quoted a sentence cut inside a name or a date by the 24-word window, and the finding
+    joined the next with "and": "lying on the Gulf of and Jingjiang"."""
+    filler = " ".join(f"w{i}" for i in range(18))
+    gulf = f'"Qinzhou"\nQinzhou is a city {filler} lying on the Gulf of Tonkin with 3 million people.'
+    assert quote(gulf).endswith(f"{filler} lying")  # not "lying on the Gulf of"
+    shorter = " ".join(filler.split()[:16])
+    date = f'"Edo"\nEdo was a {shorter} conductor born on 1 June 1941 in Amsterdam.'
+    assert quote(date).endswith(f"{shorter} conductor born")  # not "born on 1 June"
+    more = " ".join(f"w{i}" for i in range(26))
+    kept = f'"Jo"\nJo {more} was the son of Boyd Merriman, 1st Baron Merriman, a judge.'
+    assert "son of Boyd Merriman, 1st Baron Merriman" in quote(kept, "Boyd Merriman, 1st Baron Merriman")

@@ -8,7 +8,6 @@ chain's hops in order). Each step of a shared question carries its ``finding``, 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import re
@@ -152,20 +151,28 @@ def plan_from_titles(record: dict[str, Any], passages: dict[str, str] | None = N
     plan = _ordered_plan(record, steps, passages or {})
     if isinstance(plan, list) and passages:
         if not _read_before(plan, record["question"], passages):
-            return "a hop's entity is named neither in the question nor in what was read before it"
+            return "a round's entity is named neither in the question nor in what was read before it"
         add_findings(plan, record, passages)
     return plan
 
 
 def _read_before(plan: list[list[dict]], question: str, passages: dict[str, str]) -> bool:
-    """Each later round's entities are named in the question or in a passage of the round before: a chain the
-    teacher searches by a name it never read teaches the policy to make its bridge entities up."""
-    for before, after in itertools.pairwise(plan):
-        read = " ".join(passage_body(passages[s["passage_id"]]) for s in before if s["passage_id"] in passages)
-        for step in after:
+    """Each round's entities are named in the question or in a passage of the round before: a chain the teacher
+    searches by a name it never read teaches the policy to make its bridge entities up. Each is searched by what was
+    read: a title's Wikipedia qualifier (``Malcolm St. Clair (filmmaker)``) only where the question or those
+    passages say it, else the bare name (the policy cannot know the qualifier)."""
+    read = ""
+    for r, steps in enumerate(plan):
+        if r:
+            before = plan[r - 1]
+            read = " ".join(passage_body(passages[s["passage_id"]]) for s in before if s["passage_id"] in passages)
+        for step in steps:
             name = plain_title(step["sub_question"])
             if not (mentioned(name, read) or mentioned(name, question)):
                 return False
+            qualifiers = re.findall(r"\((.*?)\)", step["sub_question"])
+            if any(not (mentioned(q, read) or mentioned(q, question)) for q in qualifiers):
+                step["sub_question"] = name
     return True
 
 
@@ -250,11 +257,22 @@ def shared_questions(name: str, part: str = "train", root: Path = SHARED_DATA) -
             continue
         gold.questions.append(
             GoldQuestion(
-                record["id"], record["question"], record["golden_answers"], record["type"], plan, name,
-                str(folder / "corpus.jsonl"),
+                record["id"], record["question"], _as_written(record["golden_answers"], plan, passages),
+                record["type"], plan, name, str(folder / "corpus.jsonl"),
             )
         )  # fmt: skip
     return gold
+
+
+def _as_written(answers: list[str], plan: list[list[dict]], passages: dict[str, str]) -> list[str]:
+    """The gold answers, the first as the plan's passages spell it where only its case differs: the teacher copies
+    what it read (2Wiki writes its answers title-cased: "Boyd Merriman, 1St Baron Merriman")."""
+    first = answers[0] if answers else ""
+    text = " ".join(passages[s["passage_id"]] for r in plan for s in r if s["passage_id"] in passages)
+    if not first or first.lower() in ("yes", "no") or first in text:
+        return answers
+    found = re.search(rf"(?<!\w){re.escape(first)}(?!\w)", text, re.IGNORECASE)
+    return [found.group(0), *answers] if found else answers
 
 
 def gold_questions(

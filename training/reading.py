@@ -105,19 +105,63 @@ def _sentences(text: str) -> list[str]:
 
 
 def _clip(sentence: str, around: str | None = None) -> str:
-    """A sentence cut to ``_MAX_QUOTE_WORDS`` words, keeping ``around`` (a name or value it holds) inside."""
+    """A sentence cut to about ``_MAX_QUOTE_WORDS`` words, keeping ``around`` (a name or value it holds) inside; the
+    cut falls between names and dates, not inside one ("the Gulf of" for "the Gulf of Tonkin", "1 June" for "1 June
+    1941"), and the piece ends on neither a function word nor a comma (``_trim``)."""
     words = sentence.rstrip(".").split()
     if len(words) <= _MAX_QUOTE_WORDS:
         return " ".join(words)
-    start = 0
+    start, keep = 0, None
     found = around and (
         re.search(rf"\b{re.escape(around)}\b", sentence, re.IGNORECASE)
         or re.search(re.escape(around), sentence, re.IGNORECASE)
     )
     if found:  # the whole name, not its first word inside another ("King" in "Kingdom")
         at = len(sentence[: found.start()].split())
+        keep = (at, at + len(found.group(0).split()))
         start = max(0, min(at - _MAX_QUOTE_WORDS // 2, len(words) - _MAX_QUOTE_WORDS))
-    return " ".join(words[start : start + _MAX_QUOTE_WORDS]).rstrip(".")  # the turn puts its own period after it
+    end, limit = start + _MAX_QUOTE_WORDS, start + _MAX_QUOTE_WORDS // 4  # a name that long is cut where it falls
+    while start > 0 and start < limit and _joined(words, start) and (keep is None or start < keep[0]):
+        start += 1  # past the cut name
+    limit = end - _MAX_QUOTE_WORDS // 4
+    while end < len(words) and end > limit and _joined(words, end) and (keep is None or end > keep[1]):
+        end -= 1  # before the cut name
+    return _trim(words[start:end], keep[1] - start if keep else 0)
+
+
+#: lowercase words inside a name or a date: "Gulf of Tonkin", "Charles de Gaulle", "Game of Thrones"
+_NAME_LINKS = frozenset({"of", "the", "de", "da", "del", "der", "di", "du", "la", "le", "van", "von", "y", "and", "&"})
+
+
+def _name_word(word: str) -> bool:
+    return word[:1].isupper() or word[:1].isdigit()
+
+
+def _joined(words: list[str], i: int) -> bool:
+    """Whether ``words[i - 1]`` and ``words[i]`` belong to one name or date (``words[i - 1]`` ends on no comma)."""
+
+    def name(j: int) -> bool:
+        return 0 <= j < len(words) and _name_word(words[j])
+
+    def link(j: int) -> bool:
+        return 0 <= j < len(words) and words[j] in _NAME_LINKS
+
+    if words[i - 1][-1:] in ",;:)":
+        return False
+    return (
+        (name(i - 1) and name(i))
+        or (link(i) and name(i - 1) and name(i + 1))
+        or (link(i - 1) and name(i - 2) and name(i))
+    )
+
+
+def _trim(words: list[str], kept: int) -> str:
+    """``words`` without the function words and the comma they end on (beyond the first ``kept``)."""
+    while len(words) > max(kept, 1) and (
+        words[-1].lower().strip(",;:") in _STOPWORDS or words[-1].lower().strip(",;:") in _NAME_LINKS
+    ):
+        words = words[:-1]
+    return " ".join(words).rstrip(",;:").rstrip(".")  # the turn puts its own period after it
 
 
 def quote(contents: str, must: str | None = None) -> str:

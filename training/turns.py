@@ -257,7 +257,7 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     """The check a think turn spells out before answering yes or no, when every finding is a short value
     (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
     each is the value the question names (``Were A and B both composers?``): ``The question asks whether both
-    are composer. composer and engineer: not both composer.`` Steps that quote a sentence and carry its ``value``
+    are "composer". composer and engineer: not both.`` Steps that quote a sentence and carry its ``value``
     name each entity with it (``A: composer; B: engineer: different.``), and for a "both" question whether it is
     the one asked, ending as a real question's reading does (``A: composer, yes; B: engineer, no. Not both.``: a
     policy taught to set the two values side by side answered "musician; vocalist: not both vocalists" on real
@@ -289,10 +289,10 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
         if named:  # each value, then whether it is the one asked, ending as a real question's reading does
             each = zip(steps, values, holds, strict=True)
             listed = "; ".join(f"{s['sub_question']}: {v}, {'yes' if h else 'no'}" for s, v, h in each)
-            check = f"The question asks whether both are {asked[0]}. {listed}. {'Both' if yes else 'Not both'}."
-        else:
-            verdict = f"{'both' if yes else 'not both'} {asked[0]}"
-            check = f"The question asks whether both are {asked[0]}. {listed}: {verdict}."
+            check = f'The question asks whether both are "{asked[0]}". {listed}. {"Both" if yes else "Not both"}.'
+        else:  # the value quoted, not used as a noun: "both are composer" taught 4% of the gold bad grammar
+            check = f'The question asks whether both are "{asked[0]}". {listed}: {"both" if yes else "not both"}.'
+
     return check if yes == (answer.lower() == "yes") else None
 
 
