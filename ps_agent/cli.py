@@ -239,7 +239,7 @@ def serve_retriever(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from ps_agent.retrieval import resolve_retriever
     from ps_agent.retrieval.index import load_index
-    from ps_agent.retrieval.server import create_app, serve
+    from ps_agent.retrieval.server import create_app, listening_socket, serve
 
     ignored = [f"--{n}" for n, v in (("kind", kind), ("encoder", encoder), ("dtype", dtype != "auto")) if v]
     if index is None and ignored:
@@ -255,8 +255,9 @@ def serve_retriever(
             max_connections=max_connections,
         )
         retriever = load_index(index, kind, encoder=encoder, dtype=dtype) if index else resolve_retriever(corpus)
+        listening = listening_socket(host, port)  # a port in use: one line, before "serving at"
     errors.print(f"serving at http://{host}:{port}/retrieve (Ctrl-C stops)")
-    serve(create_app(retriever, limits), limits, host=host, port=port)
+    serve(create_app(retriever, limits), limits, listening)
 
 
 index_app = typer.Typer(help="Build and inspect retrieval indexes.")
@@ -375,8 +376,9 @@ def show_trajectories(
 
     if not run_dir.is_dir():
         raise typer.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
-    records = read_trajectories(run_dir)
-    summary = summarise_rollouts(records)
+    with user_errors():
+        records = read_trajectories(run_dir)
+        summary = summarise_rollouts(records)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

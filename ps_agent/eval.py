@@ -231,6 +231,13 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
     out_dir = Path(out_dir)
     problems: list[str] = []
     files = [(Path(p), _part(read_jsonl(p, problems=None if settings.strict else problems), settings)) for p in data]
+    for path, rows in files:
+        if not rows:
+            where = "" if settings.part == "all" else f" in the {settings.part} part"
+            raise ValueError(
+                f"{path} holds no question{where} to run: expected a question file with some"
+                + (" (or --part all)" if where else "")
+            )
     named: dict[str, Path] = {}
     for path, _ in files:
         other = named.setdefault(dataset_name(path), path.resolve())

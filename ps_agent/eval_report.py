@@ -7,6 +7,7 @@ dataset × question class × mode (``episodes.aggregate``, as the benchmarks' ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -189,16 +190,22 @@ def html_report(out_dir: str | Path, records: list[dict[str, Any]] | None = None
 
 
 def report(out_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``."""
+    """Aggregate ``OUT/results`` into ``summary.json``, ``report.md``, ``plots.png`` and ``report.html``;
+    ``problems``: the data lines the eval skipped (None: those the last summary recorded, as ``ps-agent report``
+    rebuilds it from the results alone)."""
     out_dir = Path(out_dir)
     records = read_results(out_dir, complete=True)
     if not records:
         raise ValueError(f"{out_dir / 'results'} holds no result line the report can read (each skipped one is logged)")
+    if problems is None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            problems = json.loads((out_dir / "summary.json").read_text()).get("skipped_lines")
+    problems = [str(p) for p in problems] if isinstance(problems, list) else []
     summary = summarise_results(records)
-    summary["skipped_lines"] = problems or []
+    summary["skipped_lines"] = problems
     summary["runs"] = read_records([out_dir / "runs.jsonl"]) if (out_dir / "runs.jsonl").is_file() else []
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out_dir / "report.md").write_text(markdown(summary, problems or []))
+    (out_dir / "report.md").write_text(markdown(summary, problems))
     if summary["by_class"]:
         save_png(plot(summary), out_dir / "plots.png")
     html_report(out_dir, records)

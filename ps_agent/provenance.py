@@ -82,7 +82,7 @@ def check_same_settings(out_dir: Path, run: dict[str, Any], earlier: dict[str, A
     then, now = earlier.get("settings", {}), run["settings"]
     changed = [
         f"{key} {_json(then[key])} (now {_json(now[key])})"
-        for key in ("agent", "retriever", "part")
+        for key in ("agent", "retriever", "retriever_sha1", "part")
         if key in then and _json(then[key]) != _json(now[key])
     ]
     held = earlier.get("dataset_sha1", {})
@@ -144,13 +144,18 @@ def git_commit() -> str | None:
 
 
 def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
-    """What reproduces a run's numbers: the command, the settings, and checksums of model weights and data."""
+    """What reproduces a run's numbers: the command, the settings, and checksums of model weights and data (a
+    corpus file's too: a rerun from another folder names the same file by another relative path, or another file by
+    the same one)."""
+    retriever = settings.retriever
+    local = Path(retriever) if isinstance(retriever, (str, Path)) and Path(retriever).exists() else None
     return {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join(sys.argv),
         "settings": {
             "llm": str(settings.llm),
-            "retriever": str(settings.retriever),
+            "retriever": str(local.resolve() if local else retriever),
+            "retriever_sha1": file_checksum(local) if local and local.is_file() else None,
             "modes": list(settings.modes),
             "concurrency": settings.concurrency,
             "limit": settings.limit,

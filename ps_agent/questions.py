@@ -204,7 +204,7 @@ def read_jsonl(
             where = f"{path}:{number}"
             try:
                 try:
-                    line = data.decode("utf-8")
+                    line = data.decode("utf-8-sig" if number == 1 else "utf-8")  # an editor's BOM before line 1
                 except UnicodeDecodeError as exc:
                     raise DataError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
                 if not line.strip():
@@ -277,6 +277,6 @@ def read_split(path: str | Path, part: str) -> list[dict[str, Any]]:
     if part not in ("train", "validation"):
         raise ValueError(f"part must be 'train' or 'validation', got {part!r}")
     rows = read_jsonl(path)  # each line checked, and an id-less one given its content id, as evaluation reads it
-    with Path(path).open(encoding="utf-8") as lines:
+    with Path(path).open(encoding="utf-8-sig") as lines:
         records = [json.loads(line) for line in lines if line.strip()]
     return [record for record, row in zip(records, rows, strict=True) if row_part(row) == part]

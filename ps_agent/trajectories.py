@@ -12,6 +12,7 @@ from typing import Any
 
 from ps_agent.episodes import STATS
 from ps_agent.questions import rounds_needed
+from ps_agent.rewards import COMPONENTS
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def _holds(record: dict[str, Any], key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(record, dict) or part not in record:
+            return False
+        record = record[part]
+    return True
+
+
 def read_records(paths: Iterable[Path], required: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The JSON objects of ``paths``' lines in order. A line that is not one (torn by a crash mid-write, nested
-    past Python's limit, holding NaN, or lacking a ``required`` key) is skipped with a warning naming its file
-    and line."""
+    past Python's limit, holding NaN, or lacking a ``required`` key: ``rewards.total`` is a key of its ``rewards``)
+    is skipped with a warning naming its file and line."""
     records = []
     for path in paths:
         for number, line in enumerate(path.read_bytes().splitlines(), 1):  # a torn character spoils its line only
@@ -58,8 +67,7 @@ def read_records(paths: Iterable[Path], required: Sequence[str] = ()) -> list[di
             except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 logger.warning("skipping %s:%d: not a JSON object line (%s)", path, number, str(exc)[:80])
                 continue
-            missing = [key for key in required if key not in record] if isinstance(record, dict) else required
-            if not isinstance(record, dict) or missing:
+            if not (isinstance(record, dict) and all(_holds(record, key) for key in required)):
                 logger.warning("skipping %s:%d: expected a JSON object with %s", path, number, ", ".join(required))
                 continue
             records.append(record)
@@ -95,7 +103,7 @@ def keep_previous_logs(run_dir: str | Path) -> Path | None:
 
 
 #: what every logged rollout has, in each shape it was ever logged in (a line without them is skipped, named)
-ROLLOUT_KEYS = ("step", "question_class", "rewards")
+ROLLOUT_KEYS = ("step", "question_class", *(f"rewards.{k}" for k in (*COMPONENTS, "total")))
 
 
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:

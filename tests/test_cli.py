@@ -156,6 +156,7 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
     })  # fmt: skip
     with (tmp_path / "trajectories-0.jsonl").open("a") as log:
         log.write('{"step": 4}\n')  # not a rollout: a KeyError traceback
+        log.write('{"step": 5, "question_class": "parallelisable", "rewards": {"total": 1.0}}\n')  # no parts
     result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert re.search(r"split − whole/parallelisable \(n=1\) *│ *\+0\.500", result.output), result.output
@@ -176,3 +177,14 @@ def test_ask_and_eval_take_their_settings_and_defaults_from_agent_config():
         options = {p.name: p for p in commands[command].params if p.param_type_name == "option"}
         for name in ("protocol", "max_turns", "topk", "max_new_tokens", "demonstration"):
             assert options[name].default == getattr(defaults, name), (command, name)
+
+
+def test_a_trajectory_log_that_cannot_be_read_is_one_line_not_a_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+
+    (tmp_path / "trajectories-0.jsonl").mkdir()
+    result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
+    assert result.exit_code == 2 and "error: [Errno 21] Is a directory" in result.output, result.output
+    assert "Traceback" not in result.output

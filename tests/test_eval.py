@@ -13,6 +13,7 @@ import pytest
 
 from ps_agent.eval import EvalFailed, EvalSettings, evaluate
 from ps_agent.eval_report import class_table, report, summarise_results
+from ps_agent.questions import row_part
 from ps_agent.synthetic import GoldPlanPolicy, generate
 
 PS_AGENT = str(Path(sys.executable).parent / "ps-agent")
@@ -90,6 +91,9 @@ def test_bad_lines_are_reported_with_their_line_number_and_skipped(synthetic, tm
     summary = evaluate([data], tmp_path / "out", settings)
     assert summary["overall"]["parallel"]["n"] == 3 and summary["overall"]["parallel"]["em"] == 100.0
     assert [p.split(": ")[0] for p in summary["skipped_lines"]] == [f"{data}:2", f"{data}:4"]
+    assert "Skipped data lines (2)" in (tmp_path / "out" / "report.md").read_text()
+    rebuilt = report(tmp_path / "out")  # `ps-agent report`: from the results alone, the record of skipped lines kept
+    assert rebuilt["skipped_lines"] == summary["skipped_lines"]
     assert "Skipped data lines (2)" in (tmp_path / "out" / "report.md").read_text()
     with pytest.raises(ValueError, match=r"mixed\.jsonl:2: missing or empty 'golden_answers'"):
         evaluate(
@@ -562,3 +566,38 @@ def test_a_rerun_with_every_question_answered_loads_no_model(synthetic, tmp_path
     settings.limit = 3  # one question left: the model is loaded for it
     evaluate([questions], tmp_path / "out", settings)
     assert len(loaded) == 1
+
+
+def test_a_rerun_names_its_corpus_by_its_file_not_by_the_path_it_was_given(synthetic, tmp_path, monkeypatch):
+    """A relative --corpus was compared as text: the same file named from another folder was refused, and another
+    file of the same name in another folder was accepted, its answers reported as one run with the first's."""
+    corpus, questions, rows = synthetic
+    out = tmp_path / "out"
+
+    def settings(retriever: str, limit: int) -> EvalSettings:
+        return EvalSettings(llm=GoldPlanPolicy(rows), retriever=retriever, modes=("parallel",), limit=limit)
+
+    monkeypatch.chdir(corpus.parent)
+    evaluate([questions], out, settings(corpus.name, 2))
+    monkeypatch.chdir(tmp_path)
+    evaluate([questions], out, settings(str(corpus), 3))  # the same file, by its absolute path: the same run
+    other = tmp_path / "elsewhere" / corpus.name
+    other.parent.mkdir()
+    other.write_text(corpus.read_text().splitlines()[0] + "\n")
+    monkeypatch.chdir(other.parent)
+    with pytest.raises(ValueError, match=r"other settings: retriever"):
+        evaluate([questions], out, settings(corpus.name, 4))
+    corpus.write_text(corpus.read_text() + other.read_text())  # the same path, other contents
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"other settings: retriever_sha1"):
+        evaluate([questions], out, settings(str(corpus), 4))
+
+
+def test_a_part_that_holds_none_of_a_files_questions_is_refused_before_anything_runs(synthetic, tmp_path):
+    corpus, _, rows = synthetic
+    train_only = tmp_path / "train_only.jsonl"
+    train_only.write_text("".join(json.dumps(r) + "\n" for r in rows if row_part(r) == "train"))
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel",), part="validation")
+    with pytest.raises(ValueError, match=r"train_only\.jsonl holds no question in the validation part to run"):
+        evaluate([train_only], tmp_path / "out", settings)
+    assert not (tmp_path / "out" / "runs.jsonl").exists()

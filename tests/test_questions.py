@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ps_agent.questions import DataError, question_class, read_jsonl, rounds_needed
+from ps_agent.questions import DataError, question_class, read_jsonl, read_split, rounds_needed
 
 GOOD = b'{"question": "Who?", "golden_answers": ["A"]}'
 BAD_LINES = [
@@ -133,3 +133,11 @@ def test_a_repeated_question_without_an_id_falls_in_one_part_of_the_split(tmp_pa
     assert len(train) + len(validation) == 36 and not {r["question"] for r in train} & {
         r["question"] for r in validation
     }
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it(tmp_path):
+    """An editor's UTF-8 BOM made line 1 "not JSON": its question was skipped, or stopped a --strict eval."""
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join([GOOD, GOOD.replace(b"Who", b"Where")]) + b"\n")
+    assert [r["question"] for r in read_jsonl(path)] == ["Who?", "Where?"]
+    assert [r["question"] for r in read_split(path, "train") + read_split(path, "validation")] == ["Who?", "Where?"]

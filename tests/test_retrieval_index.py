@@ -278,6 +278,12 @@ def test_a_build_that_failed_before_keeping_anything_is_started_again_on_a_fixed
         build_index(bad, tmp_path / "out", ["bm25"], progress=False)
     bad.write_text(corpus.read_text())  # fixed: was refused as "already holds another index"
     assert build_index(bad, tmp_path / "out", ["bm25"], progress=False)["count"] == N
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(CorpusError, match=r"empty\.jsonl has no passages"):
+        build_index(empty, tmp_path / "out-2", ["bm25"], progress=False)
+    empty.write_text(corpus.read_text())  # filled: an empty store was kept, and the rerun refused as another index
+    assert build_index(empty, tmp_path / "out-2", ["bm25"], progress=False)["count"] == N
 
 
 def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path):

@@ -310,6 +310,16 @@ def test_serving_an_index_with_another_encoder_or_damaged_is_refused(dense_folde
     assert done.returncode == 2 and "passages.arrow holds 4 passages, the manifest 5" in done.stderr
 
 
+def test_a_port_in_use_is_one_line_before_serving_starts(server, corpus):
+    """uvicorn logged "[Errno 98] address already in use" after "serving at", and exited with its own status 3."""
+    port = server.rsplit(":", 1)[1]
+    done = subprocess.run(
+        [PS_AGENT, "serve-retriever", "--corpus", str(corpus), "--port", port], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: [Errno 98]"), done.stderr
+    assert "serving at" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 # --- issue 27: a server that survives abusive clients ------------------------------------------------------------
 
 

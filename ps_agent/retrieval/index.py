@@ -143,6 +143,7 @@ def build_index(
         logger.info("writing the passage store %s", store_path)
         store = PassageStore.write(iter_corpus(corpus), store_path)
     if len(store) == 0:
+        store_path.unlink()  # kept, it would make the rerun on a fixed corpus "another index"
         raise CorpusError(f"corpus {corpus} has no passages")
 
     params: dict[str, dict] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 
@@ -209,8 +210,16 @@ def _check(request: RetrieveRequest, limits: ServerLimits) -> str | None:
     return None
 
 
-def serve(app: FastAPI, limits: ServerLimits, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run ``app`` under uvicorn with ``limits``' read deadline and connection cap."""
+def listening_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """The server's socket, bound before it starts: a port in use is an ``OSError`` the caller reports (uvicorn
+    would log it and exit with its own status)."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+
+
+def serve(app: FastAPI, limits: ServerLimits, listening: socket.socket) -> None:
+    """Run ``app`` under uvicorn on ``listening`` (``listening_socket``), with ``limits``' read deadline and
+    connection cap."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", http=protocol_for(limits))
+    config = uvicorn.Config(app, log_level="warning", http=protocol_for(limits))
+    uvicorn.Server(config).run(sockets=[listening])
