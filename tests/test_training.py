@@ -24,12 +24,14 @@ from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import summarise_rollouts
 from ps_agent.llms.tokens import token_sequences
 from ps_agent.questions import SHARED_DATA, DataError, read_jsonl, to_row
+from ps_agent.rewards import COMPONENTS
 from ps_agent.testing import SleepyRetriever
 from ps_agent.trajectories import TrajectoryLog, read_trajectories
 from training.data import load_questions
 from training.rollout import AgentRollout, RolloutSettings
 
 ROOT = Path(__file__).resolve().parents[1]
+NO_REWARDS = dict.fromkeys((*COMPONENTS, "total"), 0.0)  # a logged rollout line's reward parts
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
@@ -466,7 +468,7 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     from training.run_grpo import main
 
     out = tmp_path / "run"
-    earlier = {"step": 0, "question_class": "single-hop", "rewards": {}, "killed": "before its first checkpoint"}
+    earlier = {"step": 0, "question_class": "single-hop", "rewards": NO_REWARDS, "killed": "before its checkpoint"}
     TrajectoryLog(out / "trajectories-0.jsonl").append(earlier)
     final = main(grpo_args(tiny_model, out, "--max_steps", "2"))  # a fresh run: the earlier log is kept aside
     assert read_trajectories(out / "previous-1") == [earlier | {"rounds_needed": 1}]
@@ -859,7 +861,7 @@ def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_ch
             save_file({"lora_A": torch.zeros(1)}, tmp_path / f"checkpoint-{step}" / "adapter_model.safetensors")
     log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
     for step in (0, 1, 2, 3):
-        log.append({"step": step, "question_class": "single-hop", "rewards": {}})
+        log.append({"step": step, "question_class": "single-hop", "rewards": NO_REWARDS})
 
     def logged_steps() -> list[int]:
         return [r["step"] for r in read_trajectories(tmp_path)]
