@@ -165,3 +165,32 @@ def test_choices_are_imported_from_the_package_as_the_docs_write_them():
     import ps_agent
 
     assert ps_agent.Choices is Choices and ps_agent.ChoiceError is ChoiceError
+
+
+@pytest.mark.parametrize(
+    ("permissions", "user", "refused"),
+    [
+        ([], {"identity": "anonymous"}, True),
+        (["ps_agent:steer"], {"identity": "ops"}, False),
+        ([], {"identity": "studio", "kind": "StudioUser"}, False),
+    ],
+)
+def test_only_a_client_granted_steering_sends_commands_and_edits_state(permissions, user, refused):
+    from langgraph_sdk import Auth
+
+    from ps_agent.server_auth import refuse_state_edits, refuse_unchecked_runs
+
+    def decide(handler, action: str, value: dict) -> bool:
+        ctx = Auth.types.AuthContext(permissions=permissions, user=user, resource="threads", action=action)
+        try:
+            asyncio.run(handler(ctx, value))
+        except Auth.exceptions.HTTPException as error:
+            assert error.status_code == 403 and '{"question": "..."}' in error.detail, error.detail
+            return True
+        return False
+
+    assert decide(refuse_unchecked_runs, "create_run", {"kwargs": {"command": {"goto": "search"}}}) is refused
+    assert decide(refuse_unchecked_runs, "create_run", {"kwargs": {"input": None}}) is refused
+    assert decide(refuse_state_edits, "update", {"thread_id": "t"}) is refused
+    assert not decide(refuse_unchecked_runs, "create_run", {"kwargs": {"input": {"question": "Q?"}}})
+    assert not decide(refuse_state_edits, "update", {"thread_id": "t", "action": "interrupt"})  # cancelling a run

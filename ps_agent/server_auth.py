@@ -1,0 +1,73 @@
+"""What a client of the served graph may do besides starting a run with a question: LangGraph Server's auth.
+
+The graph checks what a run brings (its question and its context) in its first node, ``prepare``. LangGraph Server
+also lets a client reach the nodes past ``prepare``: send a run a ``command`` (``goto`` a node, ``update`` the
+state), start a run with no input (it goes on from the thread's last checkpoint), or edit a thread's state
+(``POST /threads/{id}/state``). ``langgraph.json`` loads ``auth``, whose handlers refuse all three with a 403 that
+says what the server takes instead. A run that starts with an input starts afresh at ``prepare``, whatever the
+thread held (``state.fresh_run``).
+
+Two kinds of client keep all three, as the operator: LangGraph Studio (its LangSmith sign-in; ``langgraph dev``
+takes Studio's header from anyone who can reach it, so bind it to 127.0.0.1), and a client whose authentication
+grants the permission ``STEER``. The ``authenticate`` here lets every client in as ``anonymous``, as the server
+does with no auth. An operator who authenticates clients writes their own ``Auth`` and registers the handlers on it:
+
+    auth = Auth()
+    auth.on.threads.create_run(refuse_unchecked_runs)
+    auth.on.threads.update(refuse_state_edits)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph_sdk import Auth
+from langgraph_sdk.auth import is_studio_user
+
+STEER = "ps_agent:steer"  # the permission that lets a client send commands and edit state
+EXPECTED = 'start a run with an input, {"question": "..."}'
+
+auth = Auth()
+
+
+@auth.authenticate
+async def authenticate() -> Auth.types.MinimalUserDict:
+    """Every client, as the server takes them with no auth: anonymous, without ``STEER``."""
+    return {"identity": "anonymous", "is_authenticated": False, "permissions": []}
+
+
+@auth.on
+async def open_otherwise(ctx: Auth.types.AuthContext, value: Any) -> None:
+    """Every other request stays as with no auth (without a handler, the server warns of one missing per path)."""
+
+
+def _steers(ctx: Auth.types.AuthContext) -> bool:
+    return is_studio_user(ctx.user) or STEER in ctx.permissions
+
+
+def _refused(what: str) -> Auth.exceptions.HTTPException:
+    return Auth.exceptions.HTTPException(
+        status_code=403,
+        detail=f"{what} would skip the graph's checks of a run: this server does not take it; {EXPECTED}",
+    )
+
+
+@auth.on.threads.create_run
+async def refuse_unchecked_runs(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> None:
+    """A run that starts with an input starts at ``prepare``; one with a ``command`` or no input does not."""
+    run: dict[str, Any] = value.get("kwargs") or {}
+    if _steers(ctx):
+        return
+    if run.get("command") is not None:
+        raise _refused("a run's `command`")
+    if run.get("input") is None:
+        raise _refused("a run with no input (it goes on from the thread's last checkpoint)")
+
+
+@auth.on.threads.update
+async def refuse_state_edits(ctx: Auth.types.AuthContext, value: Auth.types.ThreadsUpdate) -> None:
+    """Editing a thread's state arrives as an update that names only the thread; a metadata patch carries
+    ``metadata`` and a cancelled run its ``action``, and both stay open."""
+    if _steers(ctx) or value.keys() - {"thread_id"}:
+        return
+    raise _refused("an edit of a thread's state")
