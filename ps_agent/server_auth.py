@@ -14,6 +14,7 @@ does with no auth. An operator who authenticates clients writes their own ``Auth
 
     auth = Auth()
     auth.on.threads.create_run(refuse_unchecked_runs)
+    auth.on.crons.create(refuse_unchecked_crons)
     auth.on.threads.update(refuse_state_edits)
 """
 
@@ -52,16 +53,27 @@ def _refused(what: str) -> Auth.exceptions.HTTPException:
     )
 
 
+def _unchecked(run: dict[str, Any]) -> str | None:
+    """What in a run's request would skip ``prepare``, if anything."""
+    if run.get("command") is not None:
+        return "a run's `command`"
+    if run.get("input") is None:
+        return "a run with no input (it goes on from the thread's last checkpoint)"
+    return None
+
+
 @auth.on.threads.create_run
 async def refuse_unchecked_runs(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> None:
     """A run that starts with an input starts at ``prepare``; one with a ``command`` or no input does not."""
-    run: dict[str, Any] = value.get("kwargs") or {}
-    if _steers(ctx):
-        return
-    if run.get("command") is not None:
-        raise _refused("a run's `command`")
-    if run.get("input") is None:
-        raise _refused("a run with no input (it goes on from the thread's last checkpoint)")
+    if not _steers(ctx) and (what := _unchecked(value.get("kwargs") or {})):
+        raise _refused(what)
+
+
+@auth.on.crons.create
+async def refuse_unchecked_crons(ctx: Auth.types.AuthContext, value: Auth.types.CronsCreate) -> None:
+    """A cron's runs, started later by the server, as its request's run would be."""
+    if not _steers(ctx) and (what := _unchecked(value.get("payload") or {})):
+        raise _refused(f"a cron of {what}")
 
 
 @auth.on.threads.update

@@ -178,7 +178,7 @@ def test_choices_are_imported_from_the_package_as_the_docs_write_them():
 def test_only_a_client_granted_steering_sends_commands_and_edits_state(permissions, user, refused):
     from langgraph_sdk import Auth
 
-    from ps_agent.server_auth import refuse_state_edits, refuse_unchecked_runs
+    from ps_agent.server_auth import refuse_state_edits, refuse_unchecked_crons, refuse_unchecked_runs
 
     def decide(handler, action: str, value: dict) -> bool:
         ctx = Auth.types.AuthContext(permissions=permissions, user=user, resource="threads", action=action)
@@ -192,5 +192,6 @@ def test_only_a_client_granted_steering_sends_commands_and_edits_state(permissio
     assert decide(refuse_unchecked_runs, "create_run", {"kwargs": {"command": {"goto": "search"}}}) is refused
     assert decide(refuse_unchecked_runs, "create_run", {"kwargs": {"input": None}}) is refused
     assert decide(refuse_state_edits, "update", {"thread_id": "t"}) is refused
+    assert decide(refuse_unchecked_crons, "create", {"payload": {"schedule": "0 0 1 1 *"}}) is refused
     assert not decide(refuse_unchecked_runs, "create_run", {"kwargs": {"input": {"question": "Q?"}}})
     assert not decide(refuse_state_edits, "update", {"thread_id": "t", "action": "interrupt"})  # cancelling a run

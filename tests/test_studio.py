@@ -108,6 +108,9 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
                 "/runs/wait", json={"assistant_id": "parallel_search", "command": {"update": {"answer": "Forged"}}}
             ),
             "state edit": client.post(f"/threads/{thread}/state", json=edit),
+            "cron with no input": client.post(
+                "/runs/crons", json={"assistant_id": "parallel_search", "schedule": "0 0 1 1 *"}
+            ),
         }
         preset_id = str(uuid.uuid4())  # a new thread created with a state
         preset = client.post("/threads", json={"thread_id": preset_id, "supersteps": [{"updates": [edit]}]})
