@@ -3,11 +3,11 @@
 The graph checks what a run brings (its question and its context) in its first node, ``prepare``. LangGraph Server
 also lets a client reach the nodes past ``prepare``: send a run a ``command`` (``goto`` a node, ``update`` the
 state), start a run with no input (it goes on from the thread's last checkpoint), or edit a thread's state
-(``POST /threads/{id}/state``). ``langgraph.json`` loads ``auth``, whose handlers refuse all three with a 403 that
-says what the server takes instead. A run that starts with an input starts afresh at ``prepare``, whatever the
-thread held (``state.fresh_run``).
+(``POST /threads/{id}/state``); a cron starts runs the same ways. ``langgraph.json`` loads ``auth``, whose handlers
+refuse each with a 403 that says what the server takes instead. A run that starts with an input starts afresh at
+``prepare``, whatever the thread held (``state.fresh_run``).
 
-Two kinds of client keep all three, as the operator: LangGraph Studio (its LangSmith sign-in; ``langgraph dev``
+Two kinds of client keep them all, as the operator: LangGraph Studio (its LangSmith sign-in; ``langgraph dev``
 takes Studio's header from anyone who can reach it, so bind it to 127.0.0.1), and a client whose authentication
 grants the permission ``STEER``. The ``authenticate`` here lets every client in as ``anonymous``, as the server
 does with no auth. An operator who authenticates clients writes their own ``Auth`` and registers the handlers on it:

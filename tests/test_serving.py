@@ -178,7 +178,11 @@ def test_choices_are_imported_from_the_package_as_the_docs_write_them():
 def test_only_a_client_granted_steering_sends_commands_and_edits_state(permissions, user, refused):
     from langgraph_sdk import Auth
 
-    from ps_agent.server_auth import refuse_state_edits, refuse_unchecked_crons, refuse_unchecked_runs
+    from ps_agent.server_auth import (
+        refuse_state_edits,
+        refuse_unchecked_crons,
+        refuse_unchecked_runs,
+    )
 
     def decide(handler, action: str, value: dict) -> bool:
         ctx = Auth.types.AuthContext(permissions=permissions, user=user, resource="threads", action=action)

@@ -99,6 +99,10 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
     studio = {"x-auth-scheme": "langsmith"}  # what Studio sends; `langgraph dev` takes it as the operator
     with httpx.Client(base_url=url, timeout=300) as client:
         thread = client.post("/threads", json={}).json()["thread_id"]
+        cron = client.post(  # a cron with a question (Jan 1st): open
+            "/runs/crons",
+            json={"assistant_id": "parallel_search", "schedule": "0 0 1 1 *", "input": {"question": "Q?"}},
+        )
         refused = {
             "command": client.post(
                 f"/threads/{thread}/runs/wait", json={"assistant_id": "parallel_search", "command": {"goto": "search"}}
@@ -126,6 +130,7 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
         assert '{"question": "..."}' in response.json()["detail"], (what, response.text)
     assert "Forged" not in str(values[0]) and "would skip the graph's checks" in preset.text, preset.text
     assert patched.status_code == 200 and by_studio.status_code == 200, (patched.text, by_studio.text)
+    assert cron.status_code == 200, cron.text
     result = after.json()
     assert "__error__" not in result, f"{result}\n{log.read_text()[-3000:]}"
     assert result["trajectory"]["question"] == EIFFEL and result["answer"] != "Forged", result
