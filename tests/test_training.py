@@ -22,6 +22,7 @@ import pytest
 
 from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import summarise_rollouts
+from ps_agent.llms import ContextFull
 from ps_agent.llms.tokens import token_sequences
 from ps_agent.questions import SHARED_DATA, DataError, read_jsonl, to_row
 from ps_agent.rewards import COMPONENTS
@@ -388,6 +389,83 @@ def test_trajectories_summary_shows_what_splitting_earned_within_each_group():
 def test_dynamic_sampling_is_refused_where_ranks_must_stay_in_step():
     with pytest.raises(ValueError, match=r"dynamic sampling.*--dynamic_sampling 0"):
         RolloutSettings(backend="trl-vllm", dynamic_sampling=1)
+
+
+class SearchThenFail:
+    """Test double: a token-exact policy that searches on its first turn (for "Untagged?", writes no tag) and, on
+    its second, answers, or raises ``failure`` for "Long?" (a run whose context fills the window, a server down)."""
+
+    def __init__(self, tokenizer, failure: Exception) -> None:
+        self.tokenizer, self.failure = tokenizer, failure
+        self.eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def acomplete(self, prompt, transcript, *, stop, max_tokens):
+        from ps_agent.llms import Completion
+
+        question = prompt[-1]["content"].rsplit("Question: ", 1)[1].strip()
+        if transcript and question == "Long?":
+            raise self.failure
+        text = "<think>the answer</think>\n" + (
+            "<answer> right </answer>" if transcript else "<search> a ## b </search>"
+        )
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if question == "Untagged?" and not transcript:  # no tag: the turn ends at the model's end-of-turn token
+            text, ids = "the answer", [*self.tokenizer("the answer", add_special_tokens=False).input_ids, self.eos]
+        return Completion(text, "", None, len(ids), ids, [-0.1] * len(ids), "stop")
+
+
+def failing_rollout(tokenizer, tmp_path, failure: Exception):
+    rows = [
+        {"question": f"{name}?", "golden_answers": ["right"], "question_type": "comparison", "id": name}
+        for name in ("Short", "Long", "Untagged")
+    ]
+    rollout = AgentRollout(RolloutSettings(AgentConfig(corpus=SleepyRetriever())), rows, tmp_path)
+    rollout.policy = lambda trainer, n: SearchThenFail(tokenizer, failure)  # instead of the trainer's model
+    model = SimpleNamespace(train=lambda mode: None, eval=lambda: None, training=True)
+    return rollout, trainer_double(model, tokenizer)
+
+
+def test_a_rollout_whose_context_fills_the_window_is_an_untrained_unanswered_episode(smollm2_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    rollout, trainer = failing_rollout(tokenizer, tmp_path, ContextFull("8200 tokens fill the window of 8192"))
+    batch = rollout(["Short?", "Long?"], trainer)  # before: the whole batch, and the run, failed
+    assert [t["answer"] for t in batch["trajectory"]] == ["right", None]
+    assert sum(batch["env_mask"][0]) > 0 and len(batch["completion_ids"][1]) > 0 == sum(batch["env_mask"][1])
+    short, long = read_trajectories(tmp_path)
+    assert short["error"] is None and not short["truncated"] and short["em"] == 1.0
+    assert "ContextFull" in long["error"] and long["truncated"] and long["rewards"]["outcome"] == 0.0
+    assert long["search_rounds"] == 1  # kept as far as it got
+
+
+def test_a_rollout_that_fails_for_want_of_its_server_stops_the_step(smollm2_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from ps_agent import AgentError
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    rollout, trainer = failing_rollout(tokenizer, tmp_path, ConnectionError("http://127.0.0.1:9/v1 refused"))
+    with pytest.raises(AgentError, match="ConnectionError"):
+        rollout(["Short?", "Long?"], trainer)
+
+
+def test_an_episode_cut_at_the_completion_length_is_not_trained_on(smollm2_path, tmp_path):
+    """TRL takes a completion as clipped only where its last token is not an end-of-turn one: a cut just after an
+    untagged turn's own end-of-turn token passed as finished, and was trained on."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    rollout, trainer = failing_rollout(tokenizer, tmp_path, ContextFull("unused"))
+    whole = rollout(["Untagged?"], trainer)["completion_ids"][0]
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cut = whole.index(eos) + 1  # just after the first turn's own end-of-turn token
+    assert cut < len(whole)
+    trainer.args = SimpleNamespace(max_completion_length=cut, mask_truncated_completions=True)
+    batch = rollout(["Untagged?"], trainer)
+    assert batch["completion_ids"][0][-1] == eos and batch["env_mask"][0] == [0] * cut
+    trainer.args.mask_truncated_completions = False  # the run asked to train on cut episodes: they are
+    assert sum(rollout(["Untagged?"], trainer)["env_mask"][0]) > 0
 
 
 def test_token_sequences_of_a_hand_made_trajectory(smollm2_path):

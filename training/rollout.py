@@ -29,7 +29,8 @@ import torch
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
 from ps_agent.episodes import episode_record, summarise_rollouts
-from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy
+from ps_agent.graph import AgentError
+from ps_agent.llms import ContextFull, OpenAICompletionsPolicy, TransformersPolicy
 from ps_agent.llms.tokens import token_sequences
 from ps_agent.metrics import mean
 from ps_agent.questions import QUESTION_CLASSES
@@ -40,6 +41,8 @@ from training.trl_vllm import TRLVLLMPolicy
 from training.weight_sync import WeightSync
 
 logger = logging.getLogger(__name__)
+
+POLICY_FAULTS = (ContextFull, TimeoutError)  # a run that fails of these is the episode's failing, not the step's
 
 
 @dataclass
@@ -86,12 +89,22 @@ class RolloutSettings:
             )
 
 
+def failed_episode(exc: BaseException) -> dict[str, Any]:
+    """A rollout whose run failed by the policy's own doing (its context filled the model's window, or it ran past
+    ``run_timeout_s``): unanswered, as far as it got, with the reason under ``failed``; it earns no outcome reward
+    and is not trained on. Any other failure (a rollout server down) is raised: the step cannot go on."""
+    if not (isinstance(exc, AgentError) and isinstance(exc.__cause__, POLICY_FAULTS)):
+        raise exc
+    logger.warning("a rollout failed, kept as an unanswered episode and not trained on: %s", exc)
+    return {"answer": None, "trajectory": exc.trajectory, "stats": exc.stats, "failed": str(exc)}
+
+
 def rollout_record(
     out: dict[str, Any], row: dict[str, Any], step: int, truncated: bool, weights: RewardWeights
 ) -> dict[str, Any]:
     """The trajectory log line of one rollout: the episode's record, as an eval keeps it, with the reward
-    components the reward functions give it, under its step."""
-    return {"step": step} | episode_record(row, out, weights) | {"truncated": truncated}
+    components the reward functions give it, under its step (a failed run: its reason under ``error``)."""
+    return {"step": step} | episode_record(row, out, weights) | {"truncated": truncated, "error": out.get("failed")}
 
 
 def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
@@ -225,8 +238,13 @@ class AgentRollout:
             model.train(was_training)
         seconds = time.monotonic() - started
 
-        max_length = getattr(getattr(trainer, "args", None), "max_completion_length", None)
+        args = getattr(trainer, "args", None)
+        max_length = getattr(args, "max_completion_length", None)
         sequences = [token_sequences(out["trajectory"], trainer.processing_class, max_length) for out in outs]
+        for out, seq in zip(outs, sequences, strict=True):
+            seq["truncated"] = seq["truncated"] or "failed" in out  # a failed run was cut short too
+            if seq["truncated"] and getattr(args, "mask_truncated_completions", True):
+                seq["env_mask"] = [0] * len(seq["env_mask"])  # TRL's own check reads only the last token
         step, weights = trainer.state.global_step, self.settings.reward_weights
         rows = [self.rows[prompt] for prompt in prompts]
         records = [
@@ -256,9 +274,9 @@ class AgentRollout:
         """One agent run per prompt, all at once, with the policy of this step."""
         policy = self.policy(trainer, len(prompts))
         with ctrl_c_interrupts():
-            outs = asyncio.run(run_agents([self.rows[p] for p in prompts], policy, self.settings))
+            outs = asyncio.run(run_agents([self.rows[p] for p in prompts], policy, self.settings, True))
         self.generation_batches = getattr(policy, "batch_sizes", [])
-        return outs
+        return [failed_episode(out) if isinstance(out, BaseException) else out for out in outs]
 
     def total(self, prompt: str, out: dict[str, Any]) -> float:
         """The reward the reward functions will give this rollout (their sum)."""
