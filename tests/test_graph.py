@@ -683,6 +683,8 @@ def test_a_search_a_client_sends_itself_is_checked_and_bounded_as_a_question_is(
     served.checkpointer = InMemorySaver()
     context = Context(llm=scripted_llm(ANSWER), corpus=retriever, max_question_chars=50)
     thread = {"configurable": {"thread_id": "client-made"}}
+    # a thread that ran, as a client's has: on an empty one, the command's search raced `prepare` (no question)
+    assert served.invoke({"question": "Q?"}, thread, context=context)["answer"] == "Paris"
     with pytest.raises(ValueError, match=r"a search task is \{'index': int, 'sub_query': str.*got \{'sub_query': 5\}"):
         served.invoke(Command(goto=[Send("search", {"sub_query": 5})]), thread, context=context)
     with contextlib.suppress(Exception):  # the run fails after the search: no round of its own was pending
