@@ -223,12 +223,24 @@ def _content_words(query: str) -> frozenset[str]:
     return words if any(c.isalpha() for w in words for c in w) else frozenset()
 
 
-def split_round(searched: Sequence[str]) -> bool:
-    """A round that decomposed the question: two or more of its sub-queries ask something the others do not, i.e.
-    their content words are not all among another's (the whole question searched beside one of its names is not a
-    split, nor is a name beside ``a``, ``the`` or ``1``: neither earns the decomposition reward)."""
+def split_round(searched: Sequence[str], question: str, first: bool = True) -> bool:
+    """A round that decomposed the question: two or more of its sub-queries each ask something of their own.
+
+    A sub-query asks something of its own when its content words are not all among another's (the whole question
+    beside one of its names is not a split, nor is a name beside ``a``, ``the`` or ``1``) and are not all of the
+    question's (the whole question searched). In the ``first`` round, before anything was read, it must also
+    name something the question names (the whole question reworded beside a made-up word is no split); a later
+    round may name what the passages read named. None of these earns the decomposition reward."""
+    asked = _content_words(question)
     words = [_content_words(query) for query in searched]
-    own = [w for i, w in enumerate(words) if w and not any(w <= other for j, other in enumerate(words) if j != i)]
+    own = [
+        w
+        for i, w in enumerate(words)
+        if w
+        and (w & asked or not first)
+        and not (len(asked) > 1 and asked <= w)
+        and not any(w <= other for j, other in enumerate(words) if j != i)
+    ]
     return len(own) > 1
 
 

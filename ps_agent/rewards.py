@@ -61,7 +61,7 @@ def format_valid(trajectory: Mapping[str, Any]) -> bool:
 
 def decomposed(trajectory: Mapping[str, Any]) -> bool:
     """Some search round split the question (``protocol.split_round``), as the agent's stats say."""
-    return state.decomposed(trajectory["search_rounds"])
+    return state.decomposed(trajectory["search_rounds"], trajectory["question"])
 
 
 def outcome_component(trajectory: Mapping[str, Any], golden_answers: Sequence[str]) -> float:

@@ -163,9 +163,9 @@ def _total(values: list[int | None]) -> int | None:
     return None if any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
 
 
-def decomposed(rounds: list[SearchRound]) -> bool:
+def decomposed(rounds: list[SearchRound], question: str) -> bool:
     """Some search round split the question (``protocol.split_round``): the stat, the reward and the metrics."""
-    return any(split_round(r["searched"]) for r in rounds)
+    return any(split_round(r["searched"], question, first=i == 0) for i, r in enumerate(rounds))
 
 
 def forced(calls: list[LLMCall]) -> bool:
@@ -181,7 +181,7 @@ def stats_of(state: AgentState) -> Stats:
         llm_calls=len(calls),
         search_rounds=len(rounds),
         sub_queries=sum(len(r["searched"]) for r in rounds),
-        decomposed=decomposed(rounds),
+        decomposed=decomposed(rounds, state.get("question", "")),
         invalid_turns=sum(c["action"] == "invalid" for c in calls),
         failed_searches=sum(res["error"] is not None for r in rounds for res in r["results"]),
         forced_answer=forced(calls),

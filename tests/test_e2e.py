@@ -30,7 +30,7 @@ def check_consistent(out: dict, max_turns: int) -> None:
     assert 1 <= stats["llm_calls"] == len(calls) <= max_turns + 1
     assert stats["search_rounds"] == len(rounds) == sum(c["action"] == "search" for c in calls)
     assert stats["sub_queries"] == sum(len(r["searched"]) for r in rounds)
-    assert stats["decomposed"] == any(len(r["searched"]) > 1 for r in rounds)
+    assert not stats["decomposed"] or any(len(r["searched"]) > 1 for r in rounds)  # a split searched two at once
     assert stats["forced_answer"] == (calls[-1]["action"] == "forced_answer")
     assert calls[-1]["action"] in ("answer", "forced_answer")
     assert stats["completion_tokens"] == sum(len(c["completion_ids"]) for c in calls)

@@ -31,6 +31,7 @@ from ps_agent.testing import InFlightRetriever, SleepyRetriever, scripted_llm
 
 W = RewardWeights()
 FOUR = "<think>four independent parts</think>\n<search> ant ## bee ## cat ## dog </search>"
+ANIMALS = "Which lives longest: an ant, a bee, a cat or a dog?"  # a question FOUR splits
 ANSWER = "<think>done</think>\n<answer> Paris </answer>"
 
 
@@ -39,9 +40,9 @@ def test_round_of_four_runs_in_parallel(path):
     retriever = InFlightRetriever(expect=4)
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, ANSWER), retriever=retriever)
     runs = {
-        "invoke": lambda: agent.invoke({"question": "Q?"}),
-        "ainvoke": lambda: asyncio.run(agent.ainvoke({"question": "Q?"})),
-        "graph.invoke": lambda: agent.graph.invoke({"question": "Q?"}),  # the graph's own sync path: node by node
+        "invoke": lambda: agent.invoke({"question": ANIMALS}),
+        "ainvoke": lambda: asyncio.run(agent.ainvoke({"question": ANIMALS})),
+        "graph.invoke": lambda: agent.graph.invoke({"question": ANIMALS}),  # the graph's own sync path: node by node
     }
     out = runs[path]()
     assert retriever.peak == 4, f"{retriever.peak} of a round's 4 searches were in flight at once"
@@ -167,7 +168,8 @@ def test_the_cap_counts_distinct_sub_queries():
     """A repeated sub-query took a place under ``max_parallel``, and a distinct one past it went unsearched."""
     retriever = SleepyRetriever()
     llm = scripted_llm("<search> Einstein birth ## Einstein Birth ## Newton birth </search>", ANSWER)
-    out = ParallelSearchAgent(llm=llm, retriever=retriever, max_parallel=2).invoke({"question": "Q?"})
+    question = "Who was born first, Einstein or Newton?"
+    out = ParallelSearchAgent(llm=llm, retriever=retriever, max_parallel=2).invoke({"question": question})
     (record,) = out["trajectory"]["search_rounds"]
     assert record["searched"] == ["Einstein birth", "Newton birth"] and record["capped_from"] is None
     assert "Only the first" not in out["trajectory"]["response"] and out["stats"]["decomposed"] is True
@@ -508,7 +510,7 @@ def test_graph_works_as_a_subgraph():
     parent.add_node("research", agent.graph)
     parent.add_edge(START, "research")
     parent.add_edge("research", END)
-    out = parent.compile().invoke({"question": "Q?"})
+    out = parent.compile().invoke({"question": ANIMALS})
     assert out["answer"] == "Paris" and out["stats"]["decomposed"]
 
 

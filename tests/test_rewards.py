@@ -27,10 +27,14 @@ def call(action: str, completion: str) -> dict:
     return {"action": action, "completion": completion}
 
 
-def trajectory(*rounds: list[str], answer: str | None = "Paris", final: str = THINK_ANSWER, action="answer") -> dict:
-    """A hand-made trajectory: one search turn per round (each round its distinct sub-queries), then ``final``."""
+def trajectory(
+    *rounds: list[str], answer: str | None = "Paris", final: str = THINK_ANSWER, action="answer", question=None
+) -> dict:
+    """A hand-made trajectory: one search turn per round (each round its distinct sub-queries), then ``final``; its
+    question, unless given, names what the first round searched."""
     calls = [call("search", THINK_SEARCH_2 if len(r) > 1 else THINK_SEARCH_1) for r in rounds]
     return {
+        "question": question or " or ".join(rounds[0] if rounds else ["Paris"]) + "?",
         "answer": answer,
         "llm_calls": [*calls, call(action, final)],
         "search_rounds": [{"sub_queries": r, "searched": r} for r in rounds],
@@ -272,6 +276,22 @@ def test_reward_functions_called_as_trl_calls_them_give_each_component_of_each_r
 def test_a_name_beside_a_word_that_names_nothing_is_not_a_split(searched):
     """Each of these rounds earned the full α·λd decomposition reward: GRPO's cheapest way to the bonus."""
     assert decomposition_component(trajectory(searched), "comparison", W) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("rounds", "expected"),
+    [
+        ([["Who was born first, Albert Einstein or Isaac Newton?", "zebra"]], 0.0),  # the question and a made-up word
+        ([["Who was born first, Einstein or Newton", "zebra"]], 0.0),  # the question reworded and a made-up word
+        ([["Albert Einstein"], ["Who was born first, Albert Einstein or Isaac Newton?", "Ulm"]], 0.0),  # whole again
+        ([["Einstein birth", "Newton birth"]], 3 * 0.15),
+        ([["Einstein and Newton"], ["Ulm 1879", "Woolsthorpe 1643"]], 3 * 0.15),  # names the passages gave
+    ],
+)
+def test_a_sub_query_that_names_nothing_the_question_names_is_no_split_before_anything_is_read(rounds, expected):
+    """The whole question beside a made-up word searched it once and earned the full α·λd, as a split."""
+    question = "Who was born first, Albert Einstein or Isaac Newton?"
+    assert decomposition_component(trajectory(*rounds, question=question), "hybrid", W) == pytest.approx(expected)
 
 
 def test_sub_queries_that_differ_by_a_number_or_a_name_are_a_split():

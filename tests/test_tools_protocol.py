@@ -15,7 +15,7 @@ def test_parallel_tool_calls_are_one_parallel_round():
     model = chat(tool_calls("Eiffel Tower built", "Statue of Liberty built"), AIMessage("The Statue of Liberty"))
     retriever = InFlightRetriever(expect=2)
     agent = ParallelSearchAgent(llm=model, retriever=retriever, protocol="tools")
-    out = agent.invoke({"question": "Which is older?"})
+    out = agent.invoke({"question": "Which is older, the Eiffel Tower or the Statue of Liberty?"})
     assert retriever.peak == 2, f"{retriever.peak} of a round's 2 searches were in flight at once"
     assert out["answer"] == "The Statue of Liberty"
     assert out["stats"] | {"llm_calls": 2, "search_rounds": 1, "sub_queries": 2, "decomposed": True} == out["stats"]
