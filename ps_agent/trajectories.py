@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,10 @@ def keep_previous_logs(run_dir: str | Path) -> Path | None:
     logs = sorted(Path(run_dir).glob("trajectories*.jsonl"))
     if not logs:
         return None
-    number = 1 + sum(1 for _ in Path(run_dir).glob("previous-*"))
+    earlier = [
+        int(m.group(1)) for d in Path(run_dir).glob("previous-*") if (m := re.fullmatch(r"previous-(\d+)", d.name))
+    ]
+    number = 1 + max(earlier, default=0)  # past the highest: one deleted by hand leaves a gap, not a clash
     kept = Path(run_dir) / f"previous-{number}"
     kept.mkdir()
     for path in logs:

@@ -27,7 +27,7 @@ from ps_agent.llms.tokens import token_sequences
 from ps_agent.questions import SHARED_DATA, DataError, read_jsonl, to_row
 from ps_agent.rewards import COMPONENTS
 from ps_agent.testing import SleepyRetriever
-from ps_agent.trajectories import TrajectoryLog, read_trajectories
+from ps_agent.trajectories import TrajectoryLog, keep_previous_logs, read_trajectories
 from training.data import load_questions
 from training.rollout import AgentRollout, RolloutSettings
 
@@ -921,6 +921,24 @@ def test_vllm_cpu_backend_is_refused_with_the_reason_when_its_virtualenv_cannot_
         rollout_server("smollm2", str(tmp_path / "run")),
     ):
         pass
+
+
+def test_a_grpo_resume_on_another_step_size_is_refused_and_set_aside_logs_go_past_a_gap(tmp_path):
+    """A GRPO checkpoint recorded no step size: a resume with another batch, accumulation or number of
+    generations skipped batches by position onto other questions. And a fresh run beside ``previous-2`` alone (the
+    first deleted) tried to create ``previous-2`` again."""
+    from training.checkpoints import check_same_episodes, rows_record
+
+    rows = [{"question": "A?"}, {"question": "B?"}]
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "episodes.json").write_text(json.dumps(rows_record("mix.jsonl", rows, 0, 4)))
+    with pytest.raises(SystemExit, match=r"trained on 4 episodes \(GRPO: questions\) a step, but this run takes 2"):
+        check_same_episodes(tmp_path / "checkpoint-1", rows_record("mix.jsonl", rows, 0, 2))
+    check_same_episodes(tmp_path / "checkpoint-1", rows_record("mix.jsonl", rows, 0, 4))
+    (tmp_path / "previous-2").mkdir()
+    TrajectoryLog(tmp_path / "trajectories-0.jsonl").append({"step": 0})
+    assert keep_previous_logs(tmp_path) == tmp_path / "previous-3"
+    assert (tmp_path / "previous-3" / "trajectories-0.jsonl").is_file()
 
 
 def test_resume_true_means_the_newest_whole_checkpoint_and_a_fresh_run_beside_checkpoints_is_refused(tmp_path):

@@ -70,11 +70,14 @@ def episodes_record(
     return record | ({"step_size": step_size} if step_size is not None else {})
 
 
-def rows_record(source: str, rows: list[dict[str, Any]], seed: int | None = None) -> dict[str, Any]:
+def rows_record(
+    source: str, rows: list[dict[str, Any]], seed: int | None = None, step_size: int | None = None
+) -> dict[str, Any]:
     """``episodes_record`` for rows from any source (a GRPO run's questions: a file, ``builtin``, ``hf:NAME``):
-    the sha256 of the rows themselves, after any ``--limit``."""
+    the sha256 of the rows themselves, after any ``--limit``, and the questions a step takes."""
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode())
-    return {"episodes": source, "sha256": digest.hexdigest(), "limit": None, "seed": seed}
+    record = {"episodes": source, "sha256": digest.hexdigest(), "limit": None, "seed": seed}
+    return record | ({"step_size": step_size} if step_size is not None else {})
 
 
 def record_in_checkpoints(record: dict[str, Any]) -> Any:
@@ -114,9 +117,10 @@ def check_same_episodes(checkpoint: str | Path, record: dict[str, Any]) -> None:
             )
     if "step_size" in saved and "step_size" in record and saved["step_size"] != record["step_size"]:
         raise SystemExit(
-            f"{checkpoint} was trained on {saved['step_size']} episodes a step, but this run takes "
-            f"{record['step_size']} (--per_device_train_batch_size × --gradient_accumulation_steps): a resume skips "
-            "that many episodes per step already trained, so it needs the same; pass the settings of its config"
+            f"{checkpoint} was trained on {saved['step_size']} episodes (GRPO: questions) a step, but this run takes "
+            f"{record['step_size']} (--per_device_train_batch_size × --gradient_accumulation_steps × processes, "
+            "÷ --num_generations in GRPO): a resume skips that many per step already trained, so it needs the same; "
+            "pass the settings of its config"
         )
 
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelerate import PartialState
+
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -226,11 +228,15 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     if shared and args.part != "train":  # the benchmarks report on its validation part
         raise SystemExit(f"--data {args.data} is a shared benchmark file: train on its train part, --part train")
     rows = load_questions(args.data, limit=args.limit, part=args.part)
-    questions = rows_record(str(args.data), rows, config.seed)
+    step_size = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+    questions = rows_record(str(args.data), rows, config.seed, step_size // config.num_generations)
     restore_corpora(rows)
     weights = RewardWeights(args.lambda_d, choose_alpha(rows, args.alpha), args.lambda_s, args.lambda_f)
     resume = checked_resume(config.output_dir, config.resume_from_checkpoint, path, questions)  # before any log moves
-    prepare_trajectory_logs(config.output_dir, resume)
+    processes = PartialState()
+    if processes.is_main_process:  # once: every process's log is the run's
+        prepare_trajectory_logs(config.output_dir, resume)
+    processes.wait_for_everyone()
     with contextlib.ExitStack() as stack:  # the rollout server, when this run starts one, stops however it ends
         stack.enter_context(sigterm_unwinds())
         server = None
