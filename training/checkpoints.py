@@ -117,10 +117,10 @@ def check_same_episodes(checkpoint: str | Path, record: dict[str, Any]) -> None:
             )
     if "step_size" in saved and "step_size" in record and saved["step_size"] != record["step_size"]:
         raise SystemExit(
-            f"{checkpoint} was trained on {saved['step_size']} episodes (GRPO: questions) a step, but this run takes "
-            f"{record['step_size']} (--per_device_train_batch_size × --gradient_accumulation_steps × processes, "
-            "÷ --num_generations in GRPO): a resume skips that many per step already trained, so it needs the same; "
-            "pass the settings of its config"
+            f"{checkpoint} was trained on {saved['step_size']} episodes a step, but this run takes "
+            f"{record['step_size']} (--per_device_train_batch_size × --gradient_accumulation_steps × processes; GRPO "
+            "counts questions, that ÷ --num_generations): a resume skips that many per step already trained, so it "
+            "needs the same; pass the settings of its config"
         )
 
 
