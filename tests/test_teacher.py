@@ -80,7 +80,9 @@ def test_a_real_grpo_step_scores_the_wrong_episodes_with_the_teacher_and_moves_t
     logged = state["log_history"][0]
     assert logged["teacher/guided_frac"] == 1.0
     assert logged["teacher/kl"] == pytest.approx(sum(per_batch) / 2, rel=1e-3)  # the micro-batches' mean
-    assert kl_after < 0.5 * kl_before  # measured 0.20 -> 0.06 with the teacher, unchanged with --teacher_coef 0
+    # one Adam step of a fixed size: over 20 runs (the sampled episodes differ) it left 0.11-0.58 of the KL, and 1.0
+    # with --teacher_coef 0; a bound of 0.5 failed about one run in eight
+    assert kl_after < 0.8 * kl_before
 
 
 def test_a_teacher_that_cannot_score_the_students_tokens_is_refused_with_both_named(tiny_model, smollm2_path, tmp_path):
