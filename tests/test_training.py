@@ -1290,6 +1290,27 @@ def test_the_mix_writes_each_pass_rate_as_it_is_sampled_and_counts_a_failed_roll
     ]
 
 
+def test_the_mix_stops_when_a_rollout_fails_for_want_of_its_server(smollm2_path, tmp_path):
+    """A failure that is not the policy's (its server refused) is no miss: before, the mix scored it 0, and a
+    server that died mid-mix wrote pass rates of 0 for every question after it."""
+    from transformers import AutoTokenizer
+
+    from ps_agent import AgentError
+    from training.mix import sampled_pass_rates
+
+    class ServerGone(ScriptedAnswers):
+        async def acomplete(self, prompt, transcript, *, stop, max_tokens):
+            raise ConnectionError("http://127.0.0.1:9/v1 refused")
+
+    policy = ServerGone(AutoTokenizer.from_pretrained(smollm2_path), {"Question?": ["right"]})
+    rows = [{"question": "Question?", "golden_answers": ["right"], "question_type": None, "id": "q"}]
+    progress = tmp_path / "pass_rates.jsonl"
+    settings = RolloutSettings(AgentConfig(corpus=SleepyRetriever()))
+    with pytest.raises(AgentError, match="ConnectionError"):
+        asyncio.run(sampled_pass_rates(rows, policy, settings, k=2, progress=progress, questions=1))
+    assert not progress.exists()  # no pass rate written for a question the policy never answered
+
+
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16-run", "float32-run"])
 def test_hf_rollouts_generate_in_the_precision_the_run_trains_in(tiny_model, bf16):
     """A bf16 run generated its hf rollouts in float32: half the speed on a CPU with native bf16, and other

@@ -66,8 +66,7 @@ def episodes_record(
     with Path(path).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    record = {"episodes": str(path), "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
-    return record | ({"step_size": step_size} if step_size is not None else {})
+    return run_record(str(path), digest, limit, seed, step_size)
 
 
 def rows_record(
@@ -76,8 +75,14 @@ def rows_record(
     """``episodes_record`` for rows from any source (a GRPO run's questions: a file, ``builtin``, ``hf:NAME``):
     the sha256 of the rows themselves, after any ``--limit``, and the questions a step takes."""
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode())
-    record = {"episodes": source, "sha256": digest.hexdigest(), "limit": None, "seed": seed}
-    return record | ({"step_size": step_size} if step_size is not None else {})
+    return run_record(source, digest, None, seed, step_size)
+
+
+def run_record(source: str, digest: Any, limit: int | None, seed: int | None, step_size: int | None) -> dict[str, Any]:
+    """The record both kinds of run keep; ``step_size`` only where the run states it (older checkpoints lack it,
+    and are checked without it)."""
+    kept = {"episodes": source, "sha256": digest.hexdigest(), "limit": limit, "seed": seed}
+    return kept | ({"step_size": step_size} if step_size is not None else {})
 
 
 def record_in_checkpoints(record: dict[str, Any]) -> Any:

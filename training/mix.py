@@ -48,7 +48,6 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `training` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ps_agent.graph import AgentError
 from ps_agent.llms import OpenAICompletionsPolicy, TransformersPolicy, load_adapter_model
 from ps_agent.llms.vllm_server import serve_in_process_model
 from ps_agent.questions import QUESTION_CLASSES, class_shares, question_class, read_jsonl, yes_no
@@ -56,7 +55,7 @@ from ps_agent.rewards import outcome_component
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import add_agent_arguments, agent_config
 from training.plans import SHARED_SETS, gold_questions
-from training.rollout import RolloutSettings, run_agents
+from training.rollout import RolloutSettings, failed_episode, run_agents
 
 logger = logging.getLogger("mix")
 
@@ -220,13 +219,11 @@ def reused_pass_rates(path: Path, settings: dict[str, Any], parser: argparse.Arg
 
 
 def outcome(out: Any, row: dict[str, Any]) -> float:
-    """The outcome reward r_o of one rollout (EM; a forced answer earns 0), or 0 for a run that failed (e.g. its
-    context filled the window)."""
-    if isinstance(out, AgentError):
-        logger.warning("a rollout of %s failed, counted as unanswered: %s", row["id"], out)
-        return 0.0
+    """The outcome reward r_o of one rollout (EM; a forced answer earns 0). A run that failed by the policy's own
+    doing is unanswered, as GRPO counts it (``failed_episode``); any other failure (a rollout server down) is
+    raised: pass rates sampled without the policy are no pass rates."""
     if isinstance(out, BaseException):
-        raise out
+        out = failed_episode(out)
     return outcome_component(out["trajectory"], row["golden_answers"])
 
 
