@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+import shutil
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,16 @@ from ps_agent.llms.vllm_server import VLLMServer, VLLMUnavailable
 from ps_agent.processes import free_port, served, wait_for_http
 
 __all__ = ["free_port", "served", "wait_for_http"]
+
+
+@pytest.fixture(scope="session")
+def two_ranks() -> Callable[..., list[str]]:
+    """The command that runs ``command`` (a script and its arguments) as two ranks under torchrun, which accelerate
+    runs as MULTI_CPU over gloo (``accelerate launch --num_processes 2 --cpu`` starts one process: its multi-CPU
+    launch needs mpirun), on a free port: two such runs at once (the suite's two workers) do not meet on
+    torchrun's default one."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    return lambda *command: [torchrun, "--standalone", "--nproc_per_node", "2", *command]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -362,3 +363,35 @@ def test_a_run_resumed_in_its_second_epoch_trains_the_uninterrupted_runs_episode
     seen.clear()
     main(sft_args(tiny_model, path, resumed, *two_epochs, "--resume_from_checkpoint", "True"))
     assert seen == whole[epoch + 3 :]
+
+
+@pytest.mark.slow
+def test_a_run_on_two_processes_resumed_in_its_second_epoch_ends_with_the_uninterrupted_runs_weights(
+    tiny_model, episodes_file, tmp_path, two_ranks
+):
+    """On two processes the default loss (trained positions) called the decoder past DDP's wrapper and failed; and
+    a run resumed in its second epoch trained it in epoch 0's order (accelerate's ``SkipBatchSampler`` hid the
+    sampler from the Trainer's ``set_epoch``), so its weights were not the uninterrupted run's."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[1]
+    path, episodes = episodes_file
+    flags = ["--per_device_train_batch_size", "1", "--num_train_epochs", "2", "--save_total_limit", "20",
+             "--save_dtype", "float32", "--learning_rate", "1e-2"]  # fmt: skip
+
+    def run(out: Path, *extra: str) -> dict[str, torch.Tensor]:
+        command = two_ranks(str(root / "training" / "run_sft.py"), *sft_args(tiny_model, path, out, *flags, *extra))
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=root)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return load_file(out / "final" / "adapter_model.safetensors")
+
+    whole = run(tmp_path / "whole")
+    cut = f"checkpoint-{math.ceil(len(episodes) / 2) + 1}"  # an episode a rank a step: one step into the 2nd epoch
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()  # a later session goes on from there
+    shutil.copytree(tmp_path / "whole" / cut, resumed / cut)
+    again = run(resumed, "--resume_from_checkpoint", "True")
+    assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole)

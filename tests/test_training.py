@@ -575,26 +575,6 @@ def test_two_grpo_steps_with_a_tiny_model_then_resume(tiny_model, tmp_path):
     assert sorted(r["step"] for r in records) == [0, 0, 1, 1, 2, 2]
 
 
-def test_a_grpo_run_resumed_after_its_first_epoch_trains_what_the_uninterrupted_run_does(tiny_model, tmp_path):
-    """TRL's sampler drew each epoch's order from one generator seeded once; a resume built a new one, so a later
-    epoch replayed epoch 0's order: some questions trained twice, others never (the v5-kl-ld05 arm's resumes)."""
-    from training.run_grpo import main
-
-    def order(out: Path) -> list[str]:  # the question of each step (one question a step here)
-        return [question for _, question in sorted({(r["step"], r["id"]) for r in read_trajectories(out)})]
-
-    main(grpo_args(tiny_model, tmp_path / "whole", "--max_steps", "10", "--report_to", "none"))
-    main(grpo_args(tiny_model, tmp_path / "cut", "--max_steps", "6", "--report_to", "none"))
-    main(
-        grpo_args(
-            tiny_model, tmp_path / "cut", "--max_steps", "10", "--report_to", "none", "--resume_from_checkpoint", "True"
-        )
-    )
-    whole = order(tmp_path / "whole")
-    assert len(whole) == 10 and sorted(whole[4:8]) == sorted(whole[:4])  # each epoch trains each of the 4 once
-    assert order(tmp_path / "cut") == whole
-
-
 def test_an_episode_cut_at_max_completion_length_is_not_trained(tiny_model, tmp_path, monkeypatch):
     """Its cut prefix, with no end of turn, was trained with the advantage its whole episode earned (an answer the
     trained tokens do not contain): TRL's mask_truncated_completions, off by default, is on."""
@@ -725,22 +705,34 @@ def test_a_real_grpo_step_trains_on_the_ids_each_turn_was_generated_from_and_mas
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_step(tiny_model, tmp_path):
-    # `accelerate launch --num_processes 2 --cpu` starts a single process with accelerate 1.15 (its multi-CPU
-    # launch needs mpirun); torchrun starts two, which accelerate runs as MULTI_CPU over gloo.
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    out = tmp_path / "run"
-    command = [
-        torchrun,
-        "--nproc_per_node",
-        "2",
-        str(ROOT / "training" / "run_grpo.py"),
-        *grpo_args(tiny_model, out, "--max_steps", "1"),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert {p.name for p in out.glob("trajectories-*.jsonl")} == {"trajectories-0.jsonl", "trajectories-1.jsonl"}
-    assert (out / "final" / "adapter_model.safetensors").is_file()
+def test_a_grpo_run_on_two_processes_resumed_mid_epoch_trains_what_the_uninterrupted_run_does(
+    tiny_model, tmp_path, two_ranks
+):
+    """Each rank logs its own rollouts, and a run resumed in its second epoch trains that epoch's questions in the
+    uninterrupted run's order. On two processes accelerate's ``SkipBatchSampler`` hid the sampler from the
+    Trainer's ``set_epoch`` in the epoch a run resumed in: it replayed epoch 0's order (some questions trained twice,
+    others never); one process reached it."""
+
+    def run(out: Path, *extra: str) -> None:
+        args = grpo_args(tiny_model, out, "--limit", "8", "--report_to", "none", "--save_total_limit", "10", *extra)
+        result = subprocess.run(
+            two_ranks(str(ROOT / "training" / "run_grpo.py"), *args),
+            capture_output=True, text=True, timeout=600, cwd=ROOT,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    def questions(out: Path) -> list[tuple[int, str]]:
+        return sorted({(r["step"], r["id"]) for r in read_trajectories(out)})
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(whole, "--max_steps", "7")  # 2 questions a step (one a rank): 4 steps an epoch
+    assert {p.name for p in whole.glob("trajectories-*.jsonl")} == {"trajectories-0.jsonl", "trajectories-1.jsonl"}
+    assert Counter(r["step"] for r in read_trajectories(whole)) == dict.fromkeys(range(7), 4)  # each logged once
+    assert (whole / "final" / "adapter_model.safetensors").is_file()
+    resumed.mkdir()  # a later session goes on from one step into the second epoch
+    shutil.copytree(whole / "checkpoint-5", resumed / "checkpoint-5")
+    run(resumed, "--max_steps", "7", "--resume_from_checkpoint", "True")
+    assert questions(resumed) == [q for q in questions(whole) if q[0] >= 5]
 
 
 class VLLMClientDouble:
@@ -805,10 +797,11 @@ def lockstep_rank(tokenizer_path: str, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_turns(smollm2_path, tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+def test_trl_vllm_policy_keeps_ranks_in_step_when_their_rollouts_take_different_turns(
+    smollm2_path, tmp_path, two_ranks
+):
     code = f"from tests.test_training import lockstep_rank; lockstep_rank({str(smollm2_path)!r}, {str(tmp_path)!r})"
-    command = [torchrun, "--nproc_per_node", "2", "--no-python", sys.executable, "-c", code]
+    command = two_ranks("--no-python", sys.executable, "-c", code)
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -37,11 +37,15 @@ def epoch_seeded(trainer_class: type) -> type:
     """``trainer_class`` (a ``GRPOTrainer`` or an SFT trainer) whose sampler shuffles epoch ``e`` from ``seed + e``.
     TRL's ``RepeatSampler`` draws every epoch's order from one generator seeded once, and transformers'
     ``LengthGroupedSampler`` (SFT's ``group_by_length``) from the global RNG: a resumed run, which builds a new
-    sampler, replayed epoch 0's order past the first epoch, training some episodes twice and others never."""
+    sampler, replayed epoch 0's order past the first epoch, training some episodes twice and others never.
+
+    The sampler is seeded here at the start of each epoch: the Trainer's own ``set_epoch`` does not reach it in the
+    epoch a run resumes in on several processes (accelerate's ``SkipBatchSampler`` over its ``BatchSamplerShard``),
+    and that epoch replayed epoch 0's order."""
 
     class EpochSeeded(trainer_class):
         def _get_train_sampler(self, dataset: Any = None) -> Any:
-            sampler = super()._get_train_sampler(dataset)
+            sampler = self.epoch_sampler = super()._get_train_sampler(dataset)
             if not hasattr(sampler, "generator") or hasattr(sampler, "set_epoch") or not getattr(sampler, "shuffle", 1):
                 return sampler
             if hasattr(sampler, "seed"):  # TRL's RepeatSampler: its own generator and seed
@@ -49,8 +53,13 @@ def epoch_seeded(trainer_class: type) -> type:
             else:
                 seed = self.args.seed
                 sampler.generator = torch.Generator()
-            sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(seed + epoch)  # the Trainer calls it
+            sampler.set_epoch = lambda epoch: sampler.generator.manual_seed(seed + epoch)
             return sampler
+
+        def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+            if hasattr(getattr(self, "epoch_sampler", None), "set_epoch"):
+                self.epoch_sampler.set_epoch(kwargs["epoch"])  # the Trainer passes its arguments by name
+            return super()._run_epoch(*args, **kwargs)
 
     EpochSeeded.__name__ = EpochSeeded.__qualname__ = trainer_class.__name__
     return EpochSeeded

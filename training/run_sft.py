@@ -191,7 +191,15 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
         model = peft_adapter(args.init_adapter, path, trainable=True)  # refused when trained on another base
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    trainer_class = epoch_seeded(SFTTrainer if args.loss == "trl" else _own_loss_trainer(args.loss))
+    loss = args.loss
+    if loss == "trained_positions" and config.world_size > 1:  # it calls the decoder past DDP's wrapper
+        logger.warning(
+            "--loss trained_positions runs on one process: these %d train with --loss full, equal to it (the "
+            "model's own loss; DDP syncs gradients only through the model's forward)",
+            config.world_size,
+        )
+        loss = "full"
+    trainer_class = epoch_seeded(SFTTrainer if loss == "trl" else _own_loss_trainer(loss))
     trainer = trainer_class(
         model=model,
         args=config,
