@@ -123,6 +123,7 @@ class AcceleratorDouble:
     """Test double: a single-process accelerator."""
 
     process_index = 0
+    num_processes = 1
     is_main_process = True
 
     @staticmethod
@@ -334,6 +335,19 @@ def test_dynamic_sampling_puts_a_group_whose_rewards_differ_in_the_place_of_one_
     assert logged["rollout/frac_reward_zero_std_before"] == 0.5
     assert logged["rollout/resampled_questions"] == 3 and logged["rollout/resample_rounds"] == 1
     assert [r["question"] for r in read_trajectories(tmp_path)] == [t["question"] for t in batch["trajectory"]]
+
+
+def test_each_rank_draws_fresh_questions_no_rank_holds_and_no_other_rank_draws():
+    """Drawn per rank from one pool, two ranks could resample one question in one step: two groups of it, trained
+    twice and merged in the logged group statistics."""
+    from training.rollout import fresh_questions
+
+    questions = [f"q{i}" for i in range(11)]
+    taken = ["q0", "q5"]  # the step's batch, over both ranks
+    pools = [fresh_questions(questions, taken, "0-3", rank, 2) for rank in (0, 1)]
+    assert not set(pools[0]) & set(pools[1]) and sorted(pools[0] + pools[1]) == sorted(set(questions) - set(taken))
+    assert pools[0] == fresh_questions(reversed(questions), taken, "0-3", 0, 2)  # one order for every rank
+    assert pools[0] != fresh_questions(questions, taken, "0-4", 0, 2)  # the next step draws another
 
 
 def test_dynamic_sampling_keeps_a_dead_group_when_no_fresh_question_varies(smollm2_path, tmp_path):

@@ -19,12 +19,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 
 from ps_agent.agent import ParallelSearchAgent
 from ps_agent.configuration import AgentConfig
@@ -158,6 +159,15 @@ def rollout_policy(settings: RolloutSettings, trainer: Any, rollouts: int, sync:
     return TRLVLLMPolicy(trainer, rollouts)
 
 
+def fresh_questions(questions: Iterable[str], taken: Iterable[str], seed: str, rank: int, ranks: int) -> list[str]:
+    """One rank's pool for dynamic sampling in one step: the questions that no rank's batch holds (``taken``), in
+    an order ``seed`` draws for every rank alike, dealt out so that each rank draws its own. Drawn per rank from one
+    pool, a question could be two groups of one step: trained twice, and merged in the logged group statistics."""
+    pool = sorted(set(questions) - set(taken))
+    random.Random(seed).shuffle(pool)
+    return pool[rank::ranks]
+
+
 def resample_zero_std_groups(
     prompts: list[str],
     outs: list[dict[str, Any]],
@@ -227,9 +237,10 @@ class AgentRollout:
         try:
             outs = self.rollout(prompts, trainer)
             if self.settings.dynamic_sampling:
-                seed = f"{self.settings.seed}-{trainer.state.global_step}-{trainer.accelerator.process_index}"
-                pool = sorted(set(self.rows) - set(prompts))
-                random.Random(seed).shuffle(pool)
+                accelerator = trainer.accelerator
+                taken = gather_object(sorted(set(prompts))) if accelerator.num_processes > 1 else prompts
+                seed = f"{self.settings.seed}-{trainer.state.global_step}"
+                pool = fresh_questions(self.rows, taken, seed, accelerator.process_index, accelerator.num_processes)
                 prompts, outs = resample_zero_std_groups(
                     list(prompts), outs, trainer.num_generations, pool, lambda tried: self.rollout(tried, trainer),
                     self.total, self.settings, trainer._log_metric,
