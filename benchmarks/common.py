@@ -35,12 +35,13 @@ from ps_agent.llms import (
     OpenAICompletionsPolicy,
     embedded_base,
     embedded_model_path,
+    embedded_spec,
     policies_dir,
     release_text_policies,
     resolve_text_policy,
 )
 from ps_agent.llms.vllm_server import serve_in_process_model
-from ps_agent.questions import QUESTION_CLASSES, SHARED_DATA, question_class, read_split
+from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES, SHARED_DATA, question_class, read_split
 from ps_agent.synthetic import HELD_OUT_SEED, generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +119,8 @@ def validation_sets(
             continue
         records = [json.loads(line) for line in dev.read_text().splitlines()]
         records = records if name == "synthetic" else read_split(dev, "validation")
-        records = [r for r in records if classes is None or question_class(r.get("type")) in classes]
+        kind = DATASET_TYPES.get(name)  # a set whose rows name no type (Bamboogle's) has one, as evaluation reads it
+        records = [r for r in records if classes is None or question_class(r.get("type") or kind) in classes]
         if not records:
             continue
         if name == "nq" and nq < len(records):
@@ -143,12 +145,17 @@ def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, 
     return name, spec, mode
 
 
-def weight_files(spec: str) -> list[Path]:
-    """The weight files behind an embedded spec or ``hf:`` folder, checksummed into each eval folder."""
-    base = embedded_base(spec)
-    folders = [embedded_model_path(base), policies_dir() / spec] if base else [Path(spec.removeprefix("hf:"))]
-    names = ("model.safetensors", "adapter_model.safetensors")
-    return [folder / name for folder in folders for name in names if (folder / name).is_file()]
+WEIGHTS = (".safetensors", ".bin")  # the files of a model's weights, as provenance.model_files reads them
+
+
+def weight_files(spec: str, mode: str) -> list[Path]:
+    """The weight files ``spec`` loads in ``mode``, checksummed into each eval folder (a folder's answers are resumed
+    only by the same weights): an embedded base's and the adapter the spec resolves to (``qwen0.5b`` in parallel
+    mode is ``qwen0.5b-parallelsearch``), or every weight file of an ``hf:`` folder, sharded or not."""
+    resolved = embedded_spec(spec, mode)
+    base = embedded_base(resolved)
+    folders = [embedded_model_path(base), policies_dir() / resolved] if base else [Path(resolved.removeprefix("hf:"))]
+    return sorted(path for folder in folders if folder.is_dir() for path in folder.iterdir() if path.suffix in WEIGHTS)
 
 
 def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):
@@ -200,7 +207,7 @@ def answer(
             concurrency=concurrency,
             limit=limit,
             agent={"max_new_tokens": max_new_tokens, "run_timeout_s": EVAL_RUN_TIMEOUT_S},
-            weights=weight_files(spec),
+            weights=weight_files(spec, mode),
         ))  # fmt: skip
         answered = time.monotonic()
     llm = None

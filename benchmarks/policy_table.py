@@ -231,13 +231,19 @@ def check_choices(
     names: list[str] | None,
 ) -> None:
     """Refuse what would fail, or be silently ignored, only after the evaluation: a typo in a class, set or
-    policy name, --ours without --baseline, too few resamples for a 95% interval, a --limit below 1."""
+    policy name, two policies of one name (the table keeps one), --ours without --baseline or the same as it, too
+    few resamples for a 95% interval, a --limit below 1."""
+    repeated = sorted({name for name in policies if policies.count(name) > 1})
+    if repeated:
+        parser.error(f"--policy {', '.join(repeated)} given twice: expected one --policy for each name")
     if classes and classes - set(QUESTION_CLASSES):
         parser.error(f"--classes {','.join(sorted(classes))}: expected some of {', '.join(QUESTION_CLASSES)}")
     if names and set(names) - set(SETS):
         parser.error(f"--sets {','.join(names)}: expected some of {', '.join(SETS)}")
     if (args.ours is None) != (args.baseline is None):
         parser.error("give --ours and --baseline together: the paired comparison needs both")
+    if args.ours is not None and args.ours == args.baseline:
+        parser.error(f"--ours and --baseline are both {args.ours!r}: expected two policies to compare")
     for flag, name in (("--ours", args.ours), ("--baseline", args.baseline)):
         if name is not None and name not in policies:
             parser.error(f"{flag} {name!r} is not a --policy name (expected one of {', '.join(policies)})")

@@ -218,3 +218,52 @@ def test_yes_no_answers_are_read_as_em_reads_them():
     records = [result(1.0, 1, True, "parallelisable") | {"golden_answers": ["yes"], "answer": a} for a in answers]
     (row,) = policy_table.yes_no_answers("p", records)
     assert row["yes"] == {"yes": 3, "no": 1}
+
+
+def test_an_eval_folder_is_keyed_to_the_weights_its_spec_loads_in_its_mode(qwen_path, tmp_path):
+    """A base's name runs its trained adapter, but only the base was checksummed: a folder filled by
+    ``qwen0.5b`` resumed, as the same model, by ``qwen0.5b-base`` (or by a retrained adapter), and a sharded ``hf:``
+    folder had no identity at all."""
+    from benchmarks.common import weight_files
+
+    names = {mode: [p.parent.name for p in weight_files("qwen0.5b", mode)] for mode in ("parallel", "sequential")}
+    assert names == {"parallel": [qwen_path.name, "qwen0.5b-parallelsearch"],
+                     "sequential": [qwen_path.name, "qwen0.5b-searchr1"]}  # fmt: skip
+    assert weight_files("qwen0.5b", "parallel") == weight_files("qwen0.5b-parallelsearch", "sequential")
+    assert [p.parent.name for p in weight_files("qwen0.5b-base", "parallel")] == [qwen_path.name]
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "pytorch_model.bin"):
+        (tmp_path / name).write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")
+    assert [p.name for p in weight_files(f"hf:{tmp_path}", "parallel")] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "pytorch_model.bin"
+    ]  # fmt: skip
+
+
+def test_a_class_picks_a_sets_questions_as_evaluation_classes_them(tmp_path):
+    """Bamboogle's rows name no type: evaluation reads them as compositional (sequential), the set filter read them
+    as single-hop, so --classes sequential dropped all of them and --classes single-hop kept them."""
+    from benchmarks.common import validation_sets
+
+    sequential = validation_sets(tmp_path / "seq", nq=5, classes={"sequential"}, names=["bamboogle"])
+    rows = [json.loads(line) for line in sequential["bamboogle"].read_text().splitlines()]
+    assert len(rows) == len(read_split(SHARED_DATA / "bamboogle" / "dev.jsonl", "validation")) > 0
+    assert "bamboogle" not in validation_sets(tmp_path / "one", nq=5, classes={"single-hop"}, names=["bamboogle"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--policy", "a=x:parallel", "--policy", "a=y:sequential"], "--policy a given twice"),
+        (["--policy", "a=x:parallel", "--policy", "b=y:parallel", "--ours", "a", "--baseline", "a"],
+         "--ours and --baseline are both 'a'"),
+    ],
+)  # fmt: skip
+def test_two_policies_of_one_name_or_one_policy_against_itself_are_refused_before_evaluating(
+    flags, refusal, tmp_path, monkeypatch, capsys
+):
+    """The table is keyed by name: the second policy of a name replaced the first, and --ours against itself
+    compared one run with itself."""
+    monkeypatch.setattr(sys, "argv", ["policy_table.py", "--tables-only", "--run-dir", str(tmp_path), *flags])
+    with pytest.raises(SystemExit):
+        policy_table.main()
+    assert refusal in capsys.readouterr().err
