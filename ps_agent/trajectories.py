@@ -28,8 +28,12 @@ class TrajectoryLog:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line, whole or not at all: a write that fails part-way (a full disk) is cut
-        back to where it began, and the ``OSError`` raised."""
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+        back to where it began, and the ``OSError`` raised. A record holding a NaN or an infinity is refused
+        (``ValueError``): JSON has no such numbers, and the line would be skipped when read back."""
+        try:
+            line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode()
+        except ValueError as exc:
+            raise ValueError(f"{self.path}: {exc} in a record ({str(record)[:200]}): expected finite numbers") from None
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size

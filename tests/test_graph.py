@@ -355,8 +355,10 @@ class MalformedRetriever:
 
     def __init__(self, value) -> None:
         self.value = value
+        self.calls = 0
 
     async def asearch(self, queries, k):
+        self.calls += 1
         return self.value
 
 
@@ -371,15 +373,17 @@ class MalformedRetriever:
         [[{"id": 1}]],
         [[Passage(id="1", title=None, text="a passage without a title")]],  # crashed observe with a TypeError
         [[Passage(id=1, title="T", text=b"bytes")]],
+        [[Passage(id="1", title="T", text="t", score=float("nan"))]],  # the record's JSON line was unreadable
+        [[Passage(id="1", title="T", text="t", score="high")]],
     ],
 )
-def test_malformed_retriever_answers_are_failed_searches(value):
-    agent = ParallelSearchAgent(
-        llm=scripted_llm("<search> a </search>", ANSWER), retriever=MalformedRetriever(value), search_retries=0
-    )
+def test_malformed_retriever_answers_are_failed_searches_not_retried(value):
+    retriever = MalformedRetriever(value)
+    agent = ParallelSearchAgent(llm=scripted_llm("<search> a </search>", ANSWER), retriever=retriever, search_retries=2)
     out = agent.invoke({"question": "Q?"})
-    error = out["trajectory"]["search_rounds"][0]["results"][0]["error"]
-    assert error.startswith("TypeError: retriever returned") and "expected a list of" in error
+    result = out["trajectory"]["search_rounds"][0]["results"][0]
+    assert result["error"].startswith("MalformedResults: retriever returned") and "expected a " in result["error"]
+    assert result["attempts"] == retriever.calls == 1  # asked again, it answers the same
     assert out["answer"] == "Paris"
 
 

@@ -470,8 +470,14 @@ def test_a_querys_passages_do_not_depend_on_the_topk_of_requests_batched_with_it
     assert sorted(k for _, k in retriever.calls) == [3, 50]
 
 
-def test_the_client_keeps_a_urls_query_and_does_not_retry_a_200_that_is_not_search_r1s_json():
-    """``/retrieve`` was appended after a URL's query string; a 200 of bare documents was retried as transient."""
+@pytest.mark.parametrize(
+    "body",
+    [b'[{"id": "1", "contents": "x"}]', b'{"result": [[{"document": {"id": "1", "contents": null}, "score": 1}]]}'],
+    ids=["bare-documents", "contents-null"],
+)
+def test_the_client_keeps_a_urls_query_and_does_not_retry_a_200_that_is_not_search_r1s_json(body):
+    """``/retrieve`` was appended after a URL's query string; a 200 of bare documents was retried as transient, and
+    one whose contents were not text raised an ``AttributeError`` that named nothing expected."""
     import http.server
     import threading
 
@@ -483,7 +489,7 @@ def test_the_client_keeps_a_urls_query_and_does_not_retry_a_200_that_is_not_sear
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(b'[{"id": "1", "contents": "x"}]')
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass

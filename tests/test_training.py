@@ -101,6 +101,15 @@ def test_trajectory_log_survives_a_torn_line(tmp_path):
     assert summarise_rollouts([record])["decomposed_by_class"] == {"parallelisable": 1.0}
 
 
+def test_a_record_holding_a_nan_is_refused_not_written_where_it_would_be_skipped(tmp_path):
+    """JSON has no NaN: the line was written as ``NaN`` and skipped when read back, and an eval lost the run."""
+    log = TrajectoryLog(tmp_path / "trajectories-0.jsonl")
+    log.append({"step": 0, "score": 1.0})
+    with pytest.raises(ValueError, match=r"trajectories-0\.jsonl: Out of range float values .*expected finite"):
+        log.append({"step": 1, "score": float("nan")})
+    assert (tmp_path / "trajectories-0.jsonl").read_text() == '{"step": 0, "score": 1.0}\n'
+
+
 def test_a_line_logged_before_rollouts_kept_the_eval_record_reads_in_todays_shape(tmp_path):
     """Issue 28: rollouts and eval results share one record; a run logged before then still reads and reports."""
     old = {"step": 0, "question": "A or B?", "question_class": "parallelisable", "decomposed": True,

@@ -11,6 +11,8 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import isfinite
+from numbers import Real
 from typing import Protocol, runtime_checkable
 
 from asyncio_throttle import Throttler
@@ -36,6 +38,8 @@ class Passage:
     @classmethod
     def from_contents(cls, id: str, contents: str, score: float | None = None) -> Passage:
         """Parse Search-R1/FlashRAG ``contents`` (``"Title"\\ntext``)."""
+        if not isinstance(contents, str):
+            raise TypeError(f"passage {id!r} has contents {contents!r:.80}: expected a str, '\"Title\"\\ntext'")
         title_line, _, text = contents.partition("\n")
         return cls(id=id, title=contents_title(title_line), text=text.strip(), score=score)
 
@@ -71,18 +75,30 @@ class SearchFailed(RuntimeError):
         self.transient = transient
 
 
+class MalformedResults(TypeError):
+    """A retriever's answer of the wrong shape: asked again, it answers the same, so it is not retried."""
+
+    transient = False
+
+
 def _checked(results: object, k: int) -> list[Passage]:
-    """The passages of a one-query search, or a ``TypeError`` saying how the retriever's answer is malformed."""
+    """The passages of a one-query search, or ``MalformedResults`` saying how the retriever's answer is malformed
+    (a score must be a finite number or None: a NaN went into the records, whose JSON lines then could not be read
+    back, and the run was lost from its eval)."""
     if not isinstance(results, Sequence) or isinstance(results, str) or len(results) != 1:
         is_lists = isinstance(results, Sequence) and not isinstance(results, str)
         shape = f"{len(results)} result lists" if is_lists else f"a {type(results).__name__}"
-        raise TypeError(f"retriever returned {shape} for 1 query: expected a list of one list of Passage")
+        raise MalformedResults(f"retriever returned {shape} for 1 query: expected a list of one list of Passage")
     passages = results[0]
     if not isinstance(passages, Sequence) or not all(isinstance(p, Passage) for p in passages):
-        raise TypeError(f"retriever returned {passages!r:.120} for the query: expected a list of Passage")
+        raise MalformedResults(f"retriever returned {passages!r:.120} for the query: expected a list of Passage")
     for p in passages:
         if not (isinstance(p.id, str) and isinstance(p.title, str) and isinstance(p.text, str)):
-            raise TypeError(f"retriever returned {p!r:.120}: expected a list of Passage with str id, title and text")
+            expected = "a list of Passage with str id, title and text"
+            raise MalformedResults(f"retriever returned {p!r:.120}: expected {expected}")
+        number = isinstance(p.score, Real) and not isinstance(p.score, bool)
+        if p.score is not None and not (number and isfinite(p.score)):
+            raise MalformedResults(f"retriever returned {p!r:.120}: expected a score that is a finite number or None")
     return list(passages)[:k]
 
 
