@@ -75,7 +75,11 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
             )
         context = self.context.with_overrides(config)
         configurable = configurable_of(config)  # a name of None picks nothing: the agent's own stays
-        picked = {kind: self.choices.pick(kind, name) for kind in RESOURCES if (name := configurable.get(kind))}
+        picked = {
+            kind: self.choices.pick(kind, configurable[kind])
+            for kind in RESOURCES
+            if configurable.get(kind) is not None
+        }
         if picked:
             context = replace(context, **picked)
         return merge_configs(context.limits, config), context

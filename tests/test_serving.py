@@ -82,7 +82,14 @@ def test_per_request_configurable_picks_by_name_only(listener):
         retriever=SleepyRetriever(),
         choices=Choices(llms={"a": "a"}, corpora={"wiki": chosen}),
     )
-    for bad in ({"corpus": f"{url}/retrieve"}, {"corpus": "/etc/passwd"}, {"llm": f"vllm:{url}/v1"}):
+    for bad in (
+        {"corpus": f"{url}/retrieve"},
+        {"corpus": "/etc/passwd"},
+        {"llm": f"vllm:{url}/v1"},
+        {"llm": ""},
+        {"llm": 0},
+        {"corpus": False},  # these three ran on the agent's own
+    ):
         with pytest.raises(ChoiceError, match="is not offered here"):
             agent.invoke({"question": "Q?"}, config={"configurable": bad})
     assert seen == []
