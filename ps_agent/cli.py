@@ -347,7 +347,8 @@ def policies(as_json: Annotated[bool, typer.Option("--json", help="Print the row
 
     from ps_agent.llms import shipped_policies
 
-    rows = shipped_policies()
+    with user_errors():
+        rows = shipped_policies()
     if as_json:
         console.print_json(json.dumps(rows))
         return

@@ -475,6 +475,30 @@ def test_ps_agent_policies_lists_each_shipped_policy_with_its_base_mode_stage_an
     assert [row["default"] for row in rows.values()].count(True) == 2  # one base's two modes
 
 
+@pytest.mark.parametrize(
+    ("card", "refusal"),
+    [
+        (None, "no policies folder at"),
+        ("{not json", "card.json: not JSON"),
+        ('{"headline": [1, 2]}', "card.json: expected an object whose 'headline' is an object"),
+    ],
+)
+def test_ps_agent_policies_says_what_is_wrong_with_a_policies_folder(card, refusal, tmp_path, monkeypatch):
+    """A missing folder listed no policy (exit 0), and a damaged card ended in a traceback."""
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+
+    folder = tmp_path / "policies"
+    if card is not None:
+        (folder / "qwen0.5b-parallelsearch").mkdir(parents=True)
+        (folder / "qwen0.5b-parallelsearch" / "adapter_config.json").write_text("{}")
+        (folder / "qwen0.5b-parallelsearch" / "card.json").write_text(card)
+    monkeypatch.setenv("PS_AGENT_POLICIES", str(folder))
+    result = CliRunner().invoke(app, ["policies", "--json"])
+    assert result.exit_code == 2 and refusal in " ".join(result.output.split()), result.output
+
+
 @pytest.mark.slow
 def test_each_mode_gets_its_own_trained_policy_by_default(smollm2_path, qwen_path):
     assert resolve_text_policy(None, "parallel") is resolve_text_policy("qwen0.5b-parallelsearch")  # the default base

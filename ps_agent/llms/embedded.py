@@ -199,16 +199,33 @@ def embedded_spec(spec: str | None, mode: str = "parallel") -> str:
 def shipped_policies() -> list[dict[str, Any]]:
     """The adapters in ``policies/``, one row each: ``name``, ``base``, ``mode``, ``stage`` (``sft``, ``grpo``),
     ``default`` (what ``ParallelSearchAgent()`` runs in that mode) and the ``headline`` numbers of its model card
-    (``card.json`` beside the adapter)."""
+    (``card.json`` beside the adapter). A policies folder that is not there, or a card that is not a JSON object
+    with a ``headline`` object, is a ``ValueError`` naming it."""
+    if not policies_dir().is_dir():
+        raise ValueError(f"no policies folder at {policies_dir()} (PS_AGENT_POLICIES, else the repository's policies/)")
     rows = []
     for base in EMBEDDED_BASES.values():
         for mode in ("parallel", "sequential"):
             folder = policies_dir() / base.adapter(mode)
             if not (folder / "adapter_config.json").is_file():
                 continue
-            card = json.loads((folder / "card.json").read_text()) if (folder / "card.json").is_file() else {}
+            card = model_card(folder / "card.json")
             rows.append({
                 "name": base.adapter(mode), "base": base.name, "mode": mode, "stage": card.get("stage"),
                 "default": base is DEFAULT_BASE, "headline": card.get("headline", {}),
             })  # fmt: skip
     return rows
+
+
+def model_card(path: Path) -> dict[str, Any]:
+    """A policy's ``card.json`` (none: an empty card), refused unless it is an object whose ``headline`` (if any)
+    is an object of numbers by name."""
+    if not path.is_file():
+        return {}
+    try:
+        card = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}): expected the model card's object") from None
+    if not isinstance(card, dict) or not isinstance(card.get("headline", {}), dict):
+        raise ValueError(f"{path}: expected an object whose 'headline' is an object of numbers by name")
+    return card
