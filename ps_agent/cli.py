@@ -379,14 +379,20 @@ def show_trajectories(
         raise typer.BadParameter(f"not a folder: {run_dir} (expected a training run's output folder)")
     with user_errors():
         records = read_trajectories(run_dir)
-        summary = summarise_rollouts(records)
+        try:
+            summary = summarise_rollouts(records)
+            shown = records[-last:]
+            if not as_json and records:
+                print_rollouts(summary, shown)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the keys every shape has, but not others
+            raise ValueError(
+                f"{run_dir}: a logged rollout is not in the shape training writes ({type(exc).__name__}: {exc}): "
+                "expected the trajectory log lines of training/run_grpo.py"
+            ) from None
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-        return
-    if not records:
+    elif not records:
         console.print(f"no trajectories*.jsonl lines in {run_dir}")
-        return
-    print_rollouts(summary, records[-last:])
 
 
 if __name__ == "__main__":

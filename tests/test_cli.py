@@ -164,6 +164,21 @@ def test_trajectories_show_prints_logged_text_as_text(tmp_path):
     assert "search: [/i] A ## B" in result.output and "\x1b" not in result.output
 
 
+@pytest.mark.parametrize("parts", [{}, {"format_valid": True, "decomposed": "yes", "forced_answer": False}])
+def test_trajectories_show_says_which_run_holds_a_rollout_of_another_shape(parts, tmp_path):
+    """A line with the keys every logged shape has, but not the others the summary reads (or one of them of
+    another type), ended in a traceback."""
+    from typer.testing import CliRunner
+
+    from ps_agent.cli import app
+    from ps_agent.rewards import COMPONENTS
+
+    line = {"step": 0, "question_class": "sequential", "rewards": dict.fromkeys((*COMPONENTS, "total"), 0.0)}
+    (tmp_path / "trajectories-0.jsonl").write_text(json.dumps(line | parts) + "\n")
+    result = CliRunner().invoke(app, ["trajectories", "show", str(tmp_path)])
+    assert result.exit_code == 2 and "a logged rollout is not in the shape training writes" in result.output
+
+
 def test_ask_and_eval_take_their_settings_and_defaults_from_agent_config():
     """Issue 28: the CLI declared the settings again, and `eval` had no --protocol."""
     import typer.main
