@@ -102,6 +102,11 @@ class AgentConfig:
             raise ValueError(f"protocol must be 'tags' or 'tools', got {self.protocol!r:.80}")
         if not isinstance(self.demonstration, bool):
             raise ValueError(f"demonstration must be true or false, got {self.demonstration!r:.80}")
+        if self.demonstration and self.protocol == "tools":
+            raise ValueError(
+                "demonstration is a one-shot demonstration of the tags protocol; the tools protocol has none: "
+                "expected protocol 'tags' with demonstration, or demonstration false"
+            )
         for name, (low, high) in BOUNDS.items():
             value = getattr(self, name)
             if value is None and name in OPTIONAL:

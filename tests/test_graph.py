@@ -335,6 +335,7 @@ def test_bad_config_is_refused():
         ({"max_turns": True}, "max_turns must be an integer"),
         ({"run_timeout_s": 0}, "run_timeout_s must be a number of seconds from 0.001 to 3600"),
         ({"demonstration": "yes"}, "demonstration must be true or false"),
+        ({"demonstration": True, "protocol": "tools"}, "the tools protocol has none"),  # it was left out, silently
     ],
 )
 def test_unbounded_settings_are_refused(setting, message):
