@@ -71,8 +71,9 @@ class AgentConfig:
     max_concurrency: int = field(
         default=16,
         metadata={
-            "description": "LangGraph's max_concurrency for ParallelSearchAgent: its parallel searches and batch runs "
-            "(a served graph's run takes LangGraph's own, from the run's config)"
+            "description": "LangGraph's max_concurrency for ParallelSearchAgent, at each level: a batch's runs at "
+            "once, and each run's searches at once (a batch can have its square in flight: search_rate_limit caps a "
+            "backend); a served graph's run takes LangGraph's own, from the run's config"
         },
     )
     demonstration: bool = field(
