@@ -151,6 +151,8 @@ def eval_command(
     ]
     if len(given) > 1:  # the one used would silently replace the other
         raise typer.BadParameter(f"give one of --corpus, --index and --retriever-url, not {' and '.join(given)}")
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file: expected an output folder, new or to resume", param_hint="--out")
     if retriever_url is not None and not retriever_url.startswith(("http://", "https://")):
         raise typer.BadParameter(
             f"{retriever_url!r}: expected a server URL, e.g. http://127.0.0.1:8000/retrieve",

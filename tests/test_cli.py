@@ -115,6 +115,7 @@ def test_service_and_setting_errors_are_one_line(monkeypatch, tmp_path, args, me
             "not --corpus",
         ),
         (["eval", "--data", "q.jsonl", "--out", "o", "--retriever-url", "notaurl"], "expected a server URL"),
+        (["eval", "--data", "q.jsonl", "--out", "README.md"], "is a file: expected an output folder"),  # an OSError
         (["trajectories", "show", "/nonexistent"], "not a folder: /nonexistent"),
         (["trajectories", "show", ".", "--last", "0"], "should be greater than or equal to 1"),
         (["serve-retriever", "--port", "99999"], "should be less than or equal to 65535"),
