@@ -114,7 +114,8 @@ async def think(state: AgentState, runtime: Runtime[Context]) -> dict[str, Any]:
     pending = _pending(turn, context, state["started_at"] + context.run_timeout_s) if turn.answer is None else None
     action, error = turn.action, turn.error
     if pending and pending["kind"] == "search" and not pending["searched"]:  # read back, but not a search round
-        action, error = "invalid", "no sub-query has a word to search for"
+        refused = "; ".join(dict.fromkeys(why for why in pending["call_errors"] if why))  # a tool call's reasons
+        action, error = "invalid", refused or "no sub-query has a word to search for"
     call = LLMCall(
         turn=number,
         prompt=turn.completion.prompt_text,

@@ -126,6 +126,17 @@ def test_a_call_to_another_tool_or_with_a_query_that_is_not_text_is_answered_and
     assert retriever.calls == [["Newton birth"]] and state["search_rounds"][0]["searched"] == ["Newton birth"]
 
 
+def test_a_turn_whose_every_call_was_refused_records_why():
+    """Its record said "no sub-query has a word to search for"; the model was told the real reason."""
+    calls = [{"name": "delete_files", "args": {"query": "Einstein birth"}, "id": "c0", "type": "tool_call"}]
+    agent = ParallelSearchAgent(
+        llm=chat(AIMessage("", tool_calls=calls), AIMessage("Isaac Newton")), retriever=SleepyRetriever(),
+        protocol="tools",
+    )  # fmt: skip
+    first = agent.invoke({"question": "Q?"})["trajectory"]["llm_calls"][0]
+    assert first["action"] == "invalid" and first["error"].startswith("there is no tool 'delete_files'")
+
+
 def test_a_plain_answer_after_thinking_is_the_answer_alone():
     model = chat(AIMessage("<think>Newton 1642, Einstein 1879.</think>\n\nIsaac Newton"))
     out = ParallelSearchAgent(llm=model, retriever=SleepyRetriever(), protocol="tools").invoke({"question": "Q?"})
