@@ -378,6 +378,30 @@ def test_a_missing_adapter_or_another_base_is_refused_naming_both(tmp_path, smol
     with pytest.raises(LLMSpecError, match=r"base model Qwen2.5-7B of adapter .* not found"):
         load_adapter_model(other)
 
+    for config in ("{not json", "[]", '{"r": 16}', '{"base_model_name_or_path": null}'):  # a bare error before
+        (other / "adapter_config.json").write_text(config)
+        with pytest.raises(LLMSpecError, match=r"adapter_config\.json does not name its base model: expected a JSON"):
+            load_adapter_model(other)
+
+
+def test_a_shipped_adapter_loads_without_a_network_lookup(smollm2_path, monkeypatch):
+    """An embedded adapter records its base by name, and PEFT looked that name up on huggingface.co on every load
+    (behind a firewall that drops packets, a stall of the Hub's timeout)."""
+    import socket
+
+    from ps_agent.llms import peft_adapter
+
+    lookups = []
+
+    def no_network(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(f"{host}: no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    model = peft_adapter(policies_dir() / "smollm2-parallelsearch")
+    assert lookups == []
+    assert model.peft_config["default"].base_model_name_or_path == smollm2_path.name  # recorded as it was
+
 
 def _damaged_adapter(tmp_path: Path, how: str) -> Path:
     """A copy of the shipped SmolLM2 adapter, damaged ``how``."""

@@ -40,7 +40,15 @@ def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
             f"adapter folder {adapter} is missing or incomplete: expected adapter_config.json and "
             "adapter_model.safetensors (a PEFT LoRA adapter, e.g. training/run_sft.py's OUTPUT_DIR/final)"
         )
-    recorded = json.loads(config_file.read_text())["base_model_name_or_path"]
+    try:
+        recorded = json.loads(config_file.read_text())["base_model_name_or_path"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        recorded = None
+    if not isinstance(recorded, str) or not recorded:
+        raise LLMSpecError(
+            f"{config_file} does not name its base model: expected a JSON object with a string "
+            "'base_model_name_or_path', as PEFT saves it"
+        )
     if base is None:
         embedded = {b.folder: b for b in EMBEDDED_BASES.values()}.get(Path(recorded).name)
         base = embedded_model_path(embedded) if embedded else Path(recorded)
@@ -80,13 +88,17 @@ def peft_adapter(adapter: str | Path, base: str | Path | None = None, *, trainab
     stored = _adapter_keys(adapter)
     with warnings.catch_warnings():  # PEFT's warning lists every missing key; the error below says what matters
         warnings.filterwarnings("ignore", message="Found missing adapter keys", category=UserWarning)
-        # an embedded adapter names its base by name, not path: PEFT looks the name up on the Hub (offline here),
-        # then says it will assume the vocabulary unchanged, which ``_adapter_keys`` checks for it
-        warnings.filterwarnings("ignore", message="Unable to fetch remote file", category=UserWarning)
-        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter, is_trainable=trainable)
+        # PEFT reads the base's config to see whether its vocabulary changed: at the base an adapter records, which
+        # for an embedded one is a name, looked up on the Hub on every load; here, at the base it loaded on
+        configs = model.peft_config.values()
+        recorded = [config.base_model_name_or_path for config in configs]
+        for config in configs:
+            config.base_model_name_or_path = str(base)
         expected = set(get_peft_model_state_dict(model))  # the names PEFT saves (LoRA, DoRA, modules_to_save)
+        for config, name in zip(configs, recorded, strict=True):
+            config.base_model_name_or_path = name  # saved again, the adapter records its base as it did
     unmatched, unfilled = sorted(stored - expected), sorted(expected - stored)
     if unmatched or unfilled:
         raise LLMSpecError(
