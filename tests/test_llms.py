@@ -11,10 +11,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from langchain_core.messages import AIMessage, HumanMessage
 
 from ps_agent.llms import (
@@ -220,10 +222,11 @@ def test_vllm_server_matches_the_embedded_model(vllm_server, smollm2):
 class VLLMDouble:
     """Test double: vLLM's OpenAI-compatible endpoints the policy uses, served by uvicorn in a thread of its own.
 
-    It records the body and the client's port of every request; ``/tokenize`` gives 3 ids for any text.
+    It records the body and the client's port of every request; ``/tokenize`` gives 3 ids for any text. A
+    ``refusal`` is the body of a 400 that ``/v1/completions`` answers, as vLLM refuses a request.
     """
 
-    def __init__(self, max_model_len: int | None = None) -> None:
+    def __init__(self, max_model_len: int | None = None, refusal: str | None = None) -> None:
         self.requests: list[tuple[int, str, dict]] = []
         app = FastAPI()
 
@@ -240,8 +243,10 @@ class VLLMDouble:
             return {"tokens": [1, 2, 3]}
 
         @app.post("/v1/completions")
-        async def completions(request: Request) -> dict:
+        async def completions(request: Request) -> Any:
             self.requests.append((request.client.port, "completions", await request.json()))
+            if refusal is not None:
+                return JSONResponse({"object": "error", "message": refusal, "code": 400}, status_code=400)
             choice = {"text": "<answer> Paris </answer>", "token_ids": [7, 8], "finish_reason": "stop"}
             return {"choices": [choice | {"logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
 
@@ -304,6 +309,17 @@ def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_
         with pytest.raises(ContextFull, match=full):
             asyncio.run(policy.acomplete(prompt, search * 4, stop=STOP_SEQUENCES, max_tokens=8))
         assert [kind for _, kind, _ in double.requests].count("completions") == 1  # nothing sent that must fail
+
+
+def test_a_vllm_servers_refusal_says_its_reason():
+    """httpx's message named the status and URL only: "model does not exist" or "prompt too long" was lost."""
+    import httpx
+
+    with VLLMDouble(refusal="The model `step-9` does not exist.") as double:
+        policy = OpenAICompletionsPolicy(f"http://127.0.0.1:{double.port}/v1", model="step-9")
+        with pytest.raises(httpx.HTTPStatusError, match=r"answered 400: .*The model `step-9` does not exist"):
+            asyncio.run(policy.acomplete(render_chat_prompt(QUESTION), [], stop=STOP_SEQUENCES, max_tokens=8))
+        assert policy.max_model_len == 0  # a model it does not list: no other model's window checked against
 
 
 def test_a_vllm_server_serves_its_model_s_own_window_unless_told(smollm2_path, tmp_path):

@@ -50,9 +50,12 @@ class OpenAICompletionsPolicy:
         if self.max_model_len is None:  # once: the served window (vLLM reports it), and the model when not given
             response = await client.get(f"{self.base_url}/models")
             if self.model is None:
-                response.raise_for_status()
+                raise_for_status(response)
             cards = response.json()["data"] if response.is_success else []
-            card = next((c for c in cards if c["id"] == self.model), cards[0] if cards else {})
+            if self.model is None and not cards:
+                raise ValueError(f"{self.base_url}/models lists no model: expected a server serving one")
+            # a model named but not listed (an adapter loaded later) has no window on record: it is not checked
+            card = next((c for c in cards if c["id"] == self.model), {}) if self.model else cards[0]
             self.model = self.model or card["id"]
             # a LoRA adapter's card reports no window: it is its parent's (the base model it was loaded on)
             parent = next((c for c in cards if c["id"] == card.get("parent")), {})
@@ -71,7 +74,7 @@ class OpenAICompletionsPolicy:
 
     async def _tokenize(self, client: httpx.AsyncClient, body: dict[str, Any]) -> list[int]:
         response = await self._post(client, f"{self.root_url}/tokenize", body)
-        response.raise_for_status()
+        raise_for_status(response)
         return response.json()["tokens"]
 
     async def _context(
@@ -130,7 +133,7 @@ class OpenAICompletionsPolicy:
                 "return_token_ids": True,
             },
         )
-        response.raise_for_status()
+        raise_for_status(response)
         choice = response.json()["choices"][0]
         token_ids = choice.get("token_ids")
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
@@ -142,4 +145,15 @@ class OpenAICompletionsPolicy:
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=choice.get("finish_reason"),
+        )
+
+
+def raise_for_status(response: httpx.Response) -> None:
+    """httpx's ``raise_for_status``, with the server's own reason (vLLM's error body: a model it does not serve, a
+    prompt longer than its window), which httpx's message leaves out."""
+    if response.is_error:
+        raise httpx.HTTPStatusError(
+            f"{response.request.method} {response.request.url} answered {response.status_code}: {response.text[:500]}",
+            request=response.request,
+            response=response,
         )
