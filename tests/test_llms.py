@@ -311,6 +311,21 @@ def test_the_vllm_policy_fits_a_turn_in_the_served_window_and_says_when_none_is_
         assert [kind for _, kind, _ in double.requests].count("completions") == 1  # nothing sent that must fail
 
 
+def test_a_policy_folder_retrained_in_place_is_loaded_again(smollm2_path, tmp_path):
+    """Loaded policies were kept by spec alone: an ``hf:`` adapter retrained in place went on answering with the
+    weights loaded before, while an eval recorded the checksums of the new ones."""
+    import os
+
+    folder = tmp_path / "adapter"
+    shutil.copytree(policies_dir() / "smollm2-parallelsearch", folder)
+    first = resolve_text_policy(f"hf:{folder}")
+    assert resolve_text_policy(f"hf:{folder}") is first  # loaded once
+    weights = folder / "adapter_model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved again
+    again = resolve_text_policy(f"hf:{folder}")
+    assert again is not first and resolve_text_policy(f"hf:{folder}") is again
+
+
 def test_a_vllm_servers_refusal_says_its_reason():
     """httpx's message named the status and URL only: "model does not exist" or "prompt too long" was lost."""
     import httpx

@@ -56,14 +56,34 @@ def _transformers_policy(path: Path) -> TransformersPolicy:
     return TransformersPolicy.from_pretrained(path)
 
 
-_loaded: dict[str, TextPolicy] = {}  # the policies of spec strings, loaded once each, newest used last
+#: the policies of spec strings, each loaded once from what its folder held (``_source``), newest used last
+_loaded: dict[tuple[str, tuple], TextPolicy] = {}
 _MAX_LOADED = 8
 
 
+def _source(spec: str) -> tuple:
+    """What a spec's trained weights are loaded from: the adapter or model folder (an ``hf:`` one, or a shipped
+    adapter's under ``policies_dir()``) and its files' sizes and modification times; ``()`` for the rest."""
+    base = embedded_base(spec)
+    if spec.startswith("hf:"):
+        folder = Path(spec.removeprefix("hf:"))
+    elif base is not None and spec != f"{base.name}-base":
+        folder = policies_dir() / spec
+    else:
+        return ()
+    files = sorted(folder.iterdir()) if folder.is_dir() else []
+    return (str(folder.resolve()), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()))
+
+
 def _loaded_policy(spec: str) -> TextPolicy:
-    """The policy of ``spec``, loaded on first use (call under ``_SPEC_LOCK``)."""
-    policy = _loaded.pop(spec, None)
-    _loaded[spec] = policy = _text_policy_from_spec(spec) if policy is None else policy
+    """The policy of ``spec``, loaded on first use, and again once its folder changed (retrained in place, or
+    another ``PS_AGENT_POLICIES``): the one loaded before would answer for weights it is not (call under
+    ``_SPEC_LOCK``)."""
+    key = (spec, _source(spec))
+    policy = _loaded.pop(key, None)
+    for stale in [k for k in _loaded if k[0] == spec]:
+        del _loaded[stale]
+    _loaded[key] = policy = _text_policy_from_spec(spec) if policy is None else policy
     if len(_loaded) > _MAX_LOADED:
         del _loaded[next(iter(_loaded))]  # the least recently used
     return policy
