@@ -687,6 +687,13 @@ def test_an_adapter_of_one_runs_final_model_is_refused_on_another_runs(tmp_path)
     assert adapter_base(adapter, tmp_path / "full-a" / "final") == tmp_path / "full-a" / "final"
     with pytest.raises(LLMSpecError, match=r"was trained on base model '.*full-a/final', but the base model given"):
         adapter_base(adapter, tmp_path / "full-b" / "final")
+    for run in ("merged-a", "merged-b"):  # any name two models are saved under, not only a run's (it passed)
+        (tmp_path / run / "merged").mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(tmp_path / "merged-a/merged")})
+    )
+    with pytest.raises(LLMSpecError, match=r"was trained on base model '.*merged-a/merged', but the base model given"):
+        adapter_base(adapter, tmp_path / "merged-b" / "merged")
 
 
 def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):

@@ -6,7 +6,6 @@ base (``ps_agent.llms.embedded``)."""
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,19 +13,15 @@ from typing import Any
 from ps_agent.llms.base import LLMSpecError
 from ps_agent.llms.embedded import EMBEDDED_BASES, embedded_model_path
 
-_RUN_FOLDER = re.compile(r"^(final|checkpoint-\d+)$")  # names a training run gives every model it saves
-
 
 def same_base(recorded: str | Path, base: str | Path) -> bool:
     """Whether the base model an adapter records is ``base``: the same folder name (an embedded base is recorded
-    by name, so an adapter travels), and for a name every run saves under (``final``, ``checkpoint-N``), the same
-    folder where both are here."""
+    by name, so an adapter travels), and where both folders are here, the same folder: a name tells no model apart
+    (every run saves to ``final``; ``merged``), nor does a config (two fine-tunes of one base share it)."""
     recorded, base = Path(recorded), Path(base)
     if recorded.name != base.name:
         return False
-    if _RUN_FOLDER.match(recorded.name) and recorded.exists() and base.exists():
-        return recorded.resolve() == base.resolve()
-    return True
+    return not (recorded.exists() and base.exists()) or recorded.resolve() == base.resolve()
 
 
 def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:
