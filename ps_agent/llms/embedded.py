@@ -153,11 +153,18 @@ def _checked_gguf(base: EmbeddedBase) -> Path:
     return target
 
 
+#: the file of a converted model that names the GGUF it was converted from (its pinned sha256)
+CONVERTED_FROM = "gguf.sha256"
+
+
 def embedded_model_path(base: EmbeddedBase | str = DEFAULT_BASE) -> Path:
-    """A float32 safetensors copy of an embedded base model, converted once from its checked GGUF."""
+    """A float32 safetensors copy of an embedded base model, converted once from its checked GGUF. A copy converted
+    from another GGUF than the one pinned now (new pins; or made before copies recorded theirs) is converted again:
+    it would answer for a model it is not."""
     base = EMBEDDED_BASES[base] if isinstance(base, str) else base
     target = cache_dir() / "models" / base.folder
-    if (target / "model.safetensors").is_file():
+    marker = target / CONVERTED_FROM
+    if (target / "model.safetensors").is_file() and marker.is_file() and marker.read_text().strip() == str(base.sha256):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -172,6 +179,7 @@ def embedded_model_path(base: EmbeddedBase | str = DEFAULT_BASE) -> Path:
     with written_whole(target) as partial:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
+        (partial / CONVERTED_FROM).write_text(f"{base.sha256}\n")
     return target
 
 
