@@ -383,9 +383,6 @@ def show_trajectories(
         records = read_trajectories(run_dir)
         try:
             summary = summarise_rollouts(records)
-            shown = records[-last:]
-            if not as_json and records:
-                print_rollouts(summary, shown)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the keys every shape has, but not others
             raise ValueError(
                 f"{run_dir}: a logged rollout is not in the shape training writes ({type(exc).__name__}: {exc}): "
@@ -393,8 +390,11 @@ def show_trajectories(
             ) from None
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-    elif not records:
+        return
+    if not records:
         console.print(f"no trajectories*.jsonl lines in {run_dir}")
+        return
+    print_rollouts(summary, records[-last:])
 
 
 if __name__ == "__main__":

@@ -429,6 +429,7 @@ def test_a_shipped_adapter_loads_without_a_network_lookup(smollm2_path, monkeypa
         raise socket.gaierror(f"{host}: no network in this test")
 
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # which spares the lookup, where it is set
     model = peft_adapter(policies_dir() / "smollm2-parallelsearch")
     assert lookups == []
     assert model.peft_config["default"].base_model_name_or_path == smollm2_path.name  # recorded as it was
@@ -742,6 +743,17 @@ def test_two_processes_wanting_the_vllm_virtualenv_build_it_once(tmp_path, monke
     for thread in threads:
         thread.join()
     assert builds == [tmp_path / "venv"] and found == [tmp_path / "venv" / "bin" / "python"] * 2
+
+
+def test_an_embedded_base_recorded_by_name_is_matched_by_name_wherever_the_run_starts(tmp_path, monkeypatch):
+    """A shipped adapter records its base by folder name: a folder of that name in the working directory is not it."""
+    from ps_agent.llms.adapters import same_base
+
+    base = tmp_path / "cache" / SMOLLM2.folder
+    base.mkdir(parents=True)
+    (tmp_path / "work" / SMOLLM2.folder).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    assert same_base(SMOLLM2.folder, base)
 
 
 def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):

@@ -39,13 +39,13 @@ def epoch_seeded(trainer_class: type) -> type:
     ``LengthGroupedSampler`` (SFT's ``group_by_length``) from the global RNG: a resumed run, which builds a new
     sampler, replayed epoch 0's order past the first epoch, training some episodes twice and others never.
 
-    The sampler is seeded here at the start of each epoch: the Trainer's own ``set_epoch`` does not reach it in the
-    epoch a run resumes in on several processes (accelerate's ``SkipBatchSampler`` over its ``BatchSamplerShard``),
-    and that epoch replayed epoch 0's order."""
+    The sampler the dataloader iterates is seeded here at the start of each epoch: the Trainer's own ``set_epoch``
+    does not reach it in the epoch a run resumes in on several processes (accelerate's ``SkipBatchSampler`` over its
+    ``BatchSamplerShard``), and that epoch replayed epoch 0's order."""
 
     class EpochSeeded(trainer_class):
         def _get_train_sampler(self, dataset: Any = None) -> Any:
-            sampler = self.epoch_sampler = super()._get_train_sampler(dataset)
+            sampler = super()._get_train_sampler(dataset)
             if not hasattr(sampler, "generator") or hasattr(sampler, "set_epoch") or not getattr(sampler, "shuffle", 1):
                 return sampler
             if hasattr(sampler, "seed"):  # TRL's RepeatSampler: its own generator and seed
@@ -57,12 +57,23 @@ def epoch_seeded(trainer_class: type) -> type:
             return sampler
 
         def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
-            if hasattr(getattr(self, "epoch_sampler", None), "set_epoch"):
-                self.epoch_sampler.set_epoch(kwargs["epoch"])  # the Trainer passes its arguments by name
+            sampler = iterated_sampler(kwargs["train_dataloader"])  # the Trainer passes its arguments by name
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(kwargs["epoch"])
             return super()._run_epoch(*args, **kwargs)
 
     EpochSeeded.__name__ = EpochSeeded.__qualname__ = trainer_class.__name__
     return EpochSeeded
+
+
+def iterated_sampler(dataloader: Any) -> Any:
+    """The sampler a dataloader draws its indices from, under accelerate's batch sampler wrappers (its
+    ``BatchSamplerShard`` on several processes; the ``SeedableRandomSampler`` it puts in a ``RandomSampler``'s
+    place is the one found)."""
+    batches = dataloader.batch_sampler
+    while hasattr(batches, "batch_sampler"):
+        batches = batches.batch_sampler
+    return getattr(batches, "sampler", None)
 
 
 def episodes_record(

@@ -16,12 +16,13 @@ from ps_agent.llms.embedded import EMBEDDED_BASES, embedded_model_path
 
 def same_base(recorded: str | Path, base: str | Path) -> bool:
     """Whether the base model an adapter records is ``base``: the same folder name (an embedded base is recorded
-    by name, so an adapter travels), and where both folders are here, the same folder: a name tells no model apart
+    by name, so an adapter travels), and where both are folders here, the same folder: a name tells no model apart
     (every run saves to ``final``; ``merged``), nor does a config (two fine-tunes of one base share it)."""
     recorded, base = Path(recorded), Path(base)
     if recorded.name != base.name:
         return False
-    return not (recorded.exists() and base.exists()) or recorded.resolve() == base.resolve()
+    here = recorded.is_absolute() and recorded.exists() and base.exists()  # a bare name is not a folder of this one
+    return not here or recorded.resolve() == base.resolve()
 
 
 def adapter_base(adapter: str | Path, base: str | Path | None = None) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 from pathlib import Path
@@ -71,8 +72,12 @@ def _source(spec: str) -> tuple:
         folder = policies_dir() / spec
     else:
         return ()
-    files = sorted(folder.iterdir()) if folder.is_dir() else []
-    return (str(folder.resolve()), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()))
+    stats = []
+    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
+        with contextlib.suppress(OSError):  # removed meanwhile (a checkpoint rotated out): not a file it loads
+            stat = file.stat()
+            stats.append((file.name, stat.st_size, stat.st_mtime_ns))
+    return (str(folder.resolve()), *stats)
 
 
 def _loaded_policy(spec: str) -> TextPolicy:
@@ -82,11 +87,16 @@ def _loaded_policy(spec: str) -> TextPolicy:
     key = (spec, _source(spec))
     policy = _loaded.pop(key, None)
     for stale in [k for k in _loaded if k[0] == spec]:
-        del _loaded[stale]
+        _close(_loaded.pop(stale))
     _loaded[key] = policy = _text_policy_from_spec(spec) if policy is None else policy
     if len(_loaded) > _MAX_LOADED:
-        del _loaded[next(iter(_loaded))]  # the least recently used
+        _close(_loaded.pop(next(iter(_loaded))))  # the least recently used
     return policy
+
+
+def _close(policy: TextPolicy) -> None:
+    if isinstance(policy, TransformersPolicy):
+        policy.close()  # its generation thread may still hold the model for a moment after the last turn
 
 
 def _text_policy_from_spec(spec: str) -> TextPolicy:
@@ -127,8 +137,7 @@ def release_text_policies() -> None:
         released = list(_loaded.values())
         _loaded.clear()
     for policy in released:
-        if isinstance(policy, TransformersPolicy):
-            policy.close()  # its generation thread may still hold the model for a moment after the last turn
+        _close(policy)
     released = policy = None
     gc.collect()
 
