@@ -41,6 +41,7 @@ from ps_agent.llms import (
     resolve_text_policy,
 )
 from ps_agent.llms.vllm_server import serve_in_process_model
+from ps_agent.provenance import weight_files_in
 from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES, SHARED_DATA, question_class, read_split
 from ps_agent.synthetic import HELD_OUT_SEED, generate
 
@@ -145,9 +146,6 @@ def parse_policy(text: str, default_mode: str | None = None) -> tuple[str, str, 
     return name, spec, mode
 
 
-WEIGHTS = (".safetensors", ".bin")  # the files of a model's weights, as provenance.model_files reads them
-
-
 def weight_files(spec: str, mode: str) -> list[Path]:
     """The weight files ``spec`` loads in ``mode``, checksummed into each eval folder (a folder's answers are resumed
     only by the same weights): an embedded base's and the adapter the spec resolves to (``qwen0.5b`` in parallel
@@ -155,7 +153,7 @@ def weight_files(spec: str, mode: str) -> list[Path]:
     resolved = embedded_spec(spec, mode)
     base = embedded_base(resolved)
     folders = [embedded_model_path(base), policies_dir() / resolved] if base else [Path(resolved.removeprefix("hf:"))]
-    return sorted(path for folder in folders if folder.is_dir() for path in folder.iterdir() if path.suffix in WEIGHTS)
+    return weight_files_in(folders)
 
 
 def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):

@@ -123,13 +123,20 @@ def model_checksums(settings: EvalSettings) -> dict[str, str]:
     return identity
 
 
+WEIGHTS = ("*.safetensors", "*.bin")  # a model's weight files, sharded or not
+
+
 def model_files(llm: Any) -> list[Path]:
     """The weights an LLM spec names on this machine (a shipped adapter, an ``hf:`` folder), to checksum."""
     if not isinstance(llm, str):
         return []
     folders = [policies_dir() / embedded_spec(llm, mode) for mode in get_args(Mode)] + [Path(llm.removeprefix("hf:"))]
-    return sorted({path for folder in folders if folder.is_dir() for path in folder.glob("*.safetensors")}
-                  | {path for folder in folders if folder.is_dir() for path in folder.glob("*.bin")})  # fmt: skip
+    return weight_files_in(folders)
+
+
+def weight_files_in(folders: list[Path]) -> list[Path]:
+    """The weight files (``*.safetensors``, ``*.bin``, sharded or not) of those of ``folders`` that exist."""
+    return sorted({path for folder in folders if folder.is_dir() for kind in WEIGHTS for path in folder.glob(kind)})
 
 
 def git_commit() -> str | None:

@@ -226,8 +226,8 @@ def shipped_policies() -> list[dict[str, Any]]:
 
 
 def model_card(path: Path) -> dict[str, Any]:
-    """A policy's ``card.json`` (none: an empty card), refused unless it is an object whose ``headline`` (if any)
-    is an object of numbers by name."""
+    """A policy's ``card.json`` (none: an empty card), refused unless it is a JSON object whose ``headline`` (if
+    any) is an object."""
     if not path.is_file():
         return {}
     try:
