@@ -135,8 +135,15 @@ def model_files(llm: Any) -> list[Path]:
 
 
 def weight_files_in(folders: list[Path]) -> list[Path]:
-    """The weight files (``*.safetensors``, ``*.bin``, sharded or not) of those of ``folders`` that exist."""
-    return sorted({path for folder in folders if folder.is_dir() for kind in WEIGHTS for path in folder.glob(kind)})
+    """The weight files (``*.safetensors``, ``*.bin``, sharded or not) of those of ``folders`` that exist, folder by
+    folder in the order given (a base before its adapter, wherever each lives), by name within a folder."""
+    found = dict.fromkeys(
+        path
+        for folder in folders
+        if folder.is_dir()
+        for path in sorted({p for kind in WEIGHTS for p in folder.glob(kind)})
+    )
+    return list(found)
 
 
 def git_commit() -> str | None:

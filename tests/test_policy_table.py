@@ -220,21 +220,33 @@ def test_yes_no_answers_are_read_as_em_reads_them():
     assert row["yes"] == {"yes": 3, "no": 1}
 
 
-def test_an_eval_folder_is_keyed_to_the_weights_its_spec_loads_in_its_mode(qwen_path, tmp_path):
+def test_an_eval_folder_is_keyed_to_the_weights_its_spec_loads_in_its_mode(qwen_path, tmp_path, monkeypatch):
     """A base's name runs its trained adapter, but only the base was checksummed: a folder filled by
     ``qwen0.5b`` resumed, as the same model, by ``qwen0.5b-base`` (or by a retrained adapter), and a sharded ``hf:``
-    folder had no identity at all."""
+    folder had no identity at all. The base comes before its adapter wherever each lives (here the adapters' folder
+    sorts first: sorting whole paths put them first on CI's clone and last on this one)."""
     from benchmarks.common import weight_files
+    from ps_agent.llms import policies_dir
 
+    shipped = policies_dir()
+    for name in ("qwen0.5b-parallelsearch", "qwen0.5b-searchr1"):
+        (tmp_path / "a-policies").mkdir(exist_ok=True)
+        (tmp_path / "a-policies" / name).symlink_to(shipped / name)
+    (tmp_path / "z-cache" / "models").mkdir(parents=True)
+    (tmp_path / "z-cache" / "models" / qwen_path.name).symlink_to(qwen_path)
+    monkeypatch.setenv("PS_AGENT_POLICIES", str(tmp_path / "a-policies"))
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "z-cache"))
     names = {mode: [p.parent.name for p in weight_files("qwen0.5b", mode)] for mode in ("parallel", "sequential")}
     assert names == {"parallel": [qwen_path.name, "qwen0.5b-parallelsearch"],
                      "sequential": [qwen_path.name, "qwen0.5b-searchr1"]}  # fmt: skip
     assert weight_files("qwen0.5b", "parallel") == weight_files("qwen0.5b-parallelsearch", "sequential")
     assert [p.parent.name for p in weight_files("qwen0.5b-base", "parallel")] == [qwen_path.name]
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "pytorch_model.bin"):
-        (tmp_path / name).write_bytes(b"weights")
-    (tmp_path / "config.json").write_text("{}")
-    assert [p.name for p in weight_files(f"hf:{tmp_path}", "parallel")] == [
+        (sharded / name).write_bytes(b"weights")
+    (sharded / "config.json").write_text("{}")
+    assert [p.name for p in weight_files(f"hf:{sharded}", "parallel")] == [
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "pytorch_model.bin"
     ]  # fmt: skip
 
