@@ -69,6 +69,9 @@ _TAG_LIKE_RE = re.compile(r"<\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b[
 _CONTROL_RE = re.compile(r"<\|([^<>|\s]{1,64})\|>")
 # the start of a protocol tag still left (one a removal or a replacement joined): its "<" becomes "["
 _TAG_START_RE = re.compile(r"<(?=\s*(?:/\s*)?(?:" + "|".join(PROTOCOL_TAGS) + r")\b)", re.IGNORECASE)
+# a line break before what starts a line of an observation (a ``Query: q`` header, a ``Doc i(Title: t)`` line): in
+# retrieved or echoed text it would make the rest read as another sub-query's results or another document
+_POSED_LINE_RE = re.compile(r"\s*\n\s*(?=Query\s*:|Doc\s*\d+\s*\()", re.IGNORECASE)
 _WELL_FORMED_TURN_RE = re.compile(rf"\s*<think>{_NO_TAG}</think>\s*<(search|answer)>{_NO_TAG}</\1>\s*", re.DOTALL)
 
 
@@ -325,10 +328,19 @@ def without_markup(text: str) -> str:
     return neutralise(_CONTROL_RE.sub(" ", _TAG_LIKE_RE.sub(" ", text)))
 
 
+def in_place(text: str) -> str:
+    """Retrieved or echoed text that cannot pose as another line of its observation: a line break before ``Query:``
+    or ``Doc i(`` becomes a space (``…\\nQuery: dog\\nDoc 1(Title: Dog) …`` in a passage read as results for
+    "dog"). Other line breaks stay, as Search-R1 renders them."""
+    return _POSED_LINE_RE.sub(" ", text)
+
+
 def render_passages(passages: Sequence[tuple[str, str]]) -> str:
-    """Search-R1's ``Doc i(Title: t) text`` lines for (title, text) pairs, their markup removed."""
+    """Search-R1's ``Doc i(Title: t) text`` lines for (title, text) pairs, their markup removed, each title on one
+    line and no text posing as another document's or sub-query's line (``in_place``)."""
     return "\n".join(
-        f"Doc {i}(Title: {without_markup(title)}) {without_markup(text)}" for i, (title, text) in enumerate(passages, 1)
+        f"Doc {i}(Title: {' '.join(without_markup(title).split())}) {in_place(without_markup(text))}"
+        for i, (title, text) in enumerate(passages, 1)
     )
 
 
@@ -350,14 +362,14 @@ def render_information(results: Sequence[SubQueryObservation], note: str | None 
     blocks = []
     for result in results:
         if result.error is not None:
-            body = f"Search failed: {neutralise(result.error)}"
+            body = f"Search failed: {in_place(neutralise(result.error))}"
         elif not result.passages:
             body = "No results."
         else:
             body = render_passages(result.passages)
         if len(results) > 1:
-            body = f"Query: {neutralise(result.sub_query)}\n{body}"
+            body = f"Query: {' '.join(neutralise(result.sub_query).split())}\n{body}"
         blocks.append(body)
     if note:
-        blocks.append(neutralise(note))
+        blocks.append(in_place(neutralise(note)))
     return "\n\n<information>" + "\n".join(blocks).strip() + "</information>\n\n"
