@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -14,7 +13,7 @@ from langchain_core.runnables.config import get_config_list, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
-from ps_agent.configuration import RESOURCES, AgentConfig, configurable_of
+from ps_agent.configuration import RESOURCES, AgentConfig, configurable_of, unknown_setting
 from ps_agent.context import Context
 from ps_agent.graph import graph_for
 from ps_agent.runner import run_sync
@@ -47,12 +46,8 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     ) -> None:
         if choices is not None and not isinstance(choices, Choices):
             raise TypeError(f"choices must be a ps_agent.serving.Choices, got {type(choices).__name__}")
-        known = [f.name for f in fields(AgentConfig) if f.name not in RESOURCES]
-        for name in config:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise TypeError(f"ParallelSearchAgent got an unknown setting {name!r}{hint}: expected some of {known}")
+        if wrong := unknown_setting(config, [f.name for f in fields(AgentConfig) if f.name not in RESOURCES]):
+            raise TypeError(f"ParallelSearchAgent got an {wrong}")
         self.context = Context(**{"llm": llm, "corpus": retriever} | config)
         self.choices = choices if choices is not None else Choices.from_env()
         #: the compiled graph with this agent's context and run limits bound: it runs alone or as a subgraph

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -140,6 +141,17 @@ def configurable_of(config: RunnableConfig | None) -> Mapping[str, Any]:
     if not isinstance(configurable, Mapping):
         raise TypeError(f"config['configurable'] must be a mapping of settings, got {type(configurable).__name__}")
     return configurable
+
+
+def unknown_setting(names: Iterable[str], known: Sequence[str]) -> str | None:
+    """``unknown setting 'max_turn' (did you mean 'max_turns'?): expected some of [...]`` for the first of
+    ``names`` not in ``known``; None when all are known."""
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"unknown setting {str(name)[:60]!r}{hint}: expected some of {list(known)}"
+    return None
 
 
 def describe(name: str) -> str:

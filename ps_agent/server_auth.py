@@ -5,7 +5,9 @@ also lets a client reach the nodes past ``prepare``: send a run a ``command`` (`
 state), start a run with no input (it goes on from the thread's last checkpoint), or edit a thread's state
 (``POST /threads/{id}/state``); a cron starts runs the same ways. ``langgraph.json`` loads ``auth``, whose handlers
 refuse each with a 403 that says what the server takes instead. A run that starts with an input starts afresh at
-``prepare``, whatever the thread held (``state.fresh_run``).
+``prepare``, whatever the thread held (``state.fresh_run``). Any client's run or cron, the operator's too, is refused
+with a 422 when its input holds more than a question or its ``context`` a setting the graph does not have: the
+server would drop those silently, and the run go on with defaults.
 
 Two kinds of client keep them all, as the operator: LangGraph Studio (its LangSmith sign-in; ``langgraph dev``
 takes Studio's header from anyone who can reach it, so bind it to 127.0.0.1), and a client whose authentication
@@ -20,10 +22,13 @@ does with no auth. An operator who authenticates clients writes their own ``Auth
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from langgraph_sdk import Auth
 from langgraph_sdk.auth import is_studio_user
+
+from ps_agent.configuration import AgentConfig, unknown_setting
 
 STEER = "ps_agent:steer"  # the permission that lets a client send commands and edit state
 EXPECTED = 'start a run with an input, {"question": "..."}'
@@ -62,18 +67,44 @@ def _unchecked(run: dict[str, Any]) -> str | None:
     return None
 
 
+def _malformed(run: dict[str, Any], context: dict[str, Any] | None) -> str | None:
+    """What in a run's request the graph would not take as sent, if anything: the server drops a ``context`` key
+    its schema lacks (a misspelt ``max_turn``) and the graph reads only an input's ``question``, so the run would
+    go on with defaults and the client never learn."""
+    given = run.get("input")
+    if given is not None and (not isinstance(given, dict) or given.keys() != {"question"}):
+        got = f"the keys {sorted(map(str, given))}" if isinstance(given, dict) else f"a {type(given).__name__}"
+        return f'its input is {{"question": "..."}} and nothing else; got {got}'
+    wrong = unknown_setting(context, SETTINGS) if isinstance(context, dict) else None
+    return f"its context has an {wrong}" if wrong else None
+
+
+SETTINGS = [f.name for f in fields(AgentConfig)]  # what a run's context may set (its llm and corpus by name)
+
+
+def _check(steers: bool, request: dict[str, Any], context: dict[str, Any] | None, cron: bool) -> None:
+    if not steers and (unchecked := _unchecked(request)):
+        raise _refused(f"a cron of {unchecked}" if cron else unchecked)
+    if malformed := _malformed(request, context):
+        raise Auth.exceptions.HTTPException(status_code=422, detail=f"{'a cron' if cron else 'a run'}: {malformed}")
+
+
 @auth.on.threads.create_run
 async def refuse_unchecked_runs(ctx: Auth.types.AuthContext, value: Auth.types.RunsCreate) -> None:
-    """A run that starts with an input starts at ``prepare``; one with a ``command`` or no input does not."""
-    if not _steers(ctx) and (what := _unchecked(value.get("kwargs") or {})):
-        raise _refused(what)
+    """A run that starts with an input starts at ``prepare``; one with a ``command`` or no input does not. Any
+    client's run is refused (422) when the graph would not take its input or its ``context`` as sent. (A
+    ``configurable`` may hold a client's other keys, LangChain's shared namespace: the server marks a run whose
+    client sent a ``context``, and only that is checked.)"""
+    run = value.get("kwargs") or {}
+    sent_context = ((run.get("config") or {}).get("configurable") or {}).get("__context_provided__")
+    _check(_steers(ctx), run, run.get("context") if sent_context else None, cron=False)
 
 
 @auth.on.crons.create
 async def refuse_unchecked_crons(ctx: Auth.types.AuthContext, value: Auth.types.CronsCreate) -> None:
     """A cron's runs, started later by the server, as its request's run would be."""
-    if not _steers(ctx) and (what := _unchecked(value.get("payload") or {})):
-        raise _refused(f"a cron of {what}")
+    payload = value.get("payload") or {}
+    _check(_steers(ctx), payload, payload.get("context"), cron=True)
 
 
 @auth.on.threads.update

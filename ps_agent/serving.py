@@ -123,8 +123,13 @@ def served_context(choices: Choices) -> type[Context]:
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            choices.pick("llm", self.llm)
+            spec = choices.pick("llm", self.llm)
             choices.pick("corpus", self.corpus)
+            if self.protocol == "tools" and isinstance(spec, str) and (spec.startswith("hf:") or ":" not in spec):
+                raise ChoiceError(  # an embedded or local model: the client's choice, so the client may hear why
+                    f"llm {self.llm or 'default'!r} is a text model, and protocol 'tools' needs a chat model with "
+                    "tool calling: use protocol 'tags'" + (" or another llm" if len(choices.llms) > 1 else "")
+                )
 
         @property
         def llm_spec(self) -> Any:

@@ -91,6 +91,7 @@ class Stats(TypedDict):
     invalid_turns: int
     failed_searches: int
     forced_answer: bool
+    question_truncated: bool  # the question was cut to max_question_chars before the model read it
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float
@@ -185,6 +186,7 @@ def stats_of(state: AgentState) -> Stats:
         invalid_turns=sum(c["action"] == "invalid" for c in calls),
         failed_searches=sum(res["error"] is not None for r in rounds for res in r["results"]),
         forced_answer=forced(calls),
+        question_truncated=state.get("truncated", False),
         prompt_tokens=_total([c["prompt_tokens"] for c in calls]),
         completion_tokens=_total([c["completion_tokens"] for c in calls]),
         latency_s=time.time() - state["started_at"] if "started_at" in state else 0.0,

@@ -306,6 +306,8 @@ def test_long_question_is_truncated_with_a_warning(caplog):
     out = agent.invoke({"question": "why " * 100})
     assert len(out["trajectory"]["question"]) == 50
     assert "truncated to max_question_chars=50" in caplog.text
+    assert out["stats"]["question_truncated"] is True  # a served graph's client sees no log: its output says so
+    assert agent.invoke({"question": "why " * 12})["stats"]["question_truncated"] is False  # 48 characters
 
 
 def test_bad_config_is_refused():

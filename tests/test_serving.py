@@ -4,10 +4,12 @@ names are real HTTP servers on 127.0.0.1 that count what reaches them."""
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import fields
 
 import pytest
 
 from ps_agent import AgentError, ParallelSearchAgent
+from ps_agent.configuration import AgentConfig
 from ps_agent.llms import EMBEDDED_SPECS
 from ps_agent.retrieval import resilient_search
 from ps_agent.serving import ChoiceError, Choices, served_context, served_graph
@@ -126,8 +128,19 @@ def test_an_offered_name_that_fails_to_resolve_names_the_choice_not_the_spec():
     """Review of issue 27: the error after a pick showed the operator's spec (a private path or host)."""
     graph = served_graph(Choices(llms={"local": "hf:/srv/private/model"}, corpora={"wiki": SleepyRetriever()}))
     with pytest.raises(ChoiceError, match=r"^llm 'local' cannot be used with these settings now") as error:
-        graph.invoke({"question": "Q?"}, context={"llm": "local", "corpus": "wiki", "protocol": "tools"})
+        graph.invoke({"question": "Q?"}, context={"llm": "local", "corpus": "wiki"})
     assert "/srv/private" not in str(error.value)
+
+
+def test_the_tools_protocol_on_a_text_model_says_so_to_the_client():
+    """A client choosing protocol 'tools' on an embedded or ``hf:`` model heard only "cannot be used with these
+    settings now (the server's log says why)"; the reason is its own choice, and it is told which to change."""
+    served = served_context(Choices(llms={"qwen0.5b": "qwen0.5b", "local": "hf:/srv/private/model"}))
+    for name in (None, "local"):
+        with pytest.raises(ChoiceError, match="protocol 'tools' needs a chat model with tool calling") as error:
+            served(llm=name, protocol="tools")
+        assert "use protocol 'tags' or another llm" in str(error.value) and "/srv" not in str(error.value)
+    served(llm="local", protocol="tags")  # the tags protocol is what a text model speaks
 
 
 def test_a_served_run_names_the_choice_that_failed_not_the_host_behind_it():
@@ -206,3 +219,44 @@ def test_only_a_client_granted_steering_sends_commands_and_edits_state(permissio
     assert decide(refuse_unchecked_crons, "create", {"payload": {"schedule": "0 0 1 1 *"}}) is refused
     assert not decide(refuse_unchecked_runs, "create_run", {"kwargs": {"input": {"question": "Q?"}}})
     assert not decide(refuse_state_edits, "update", {"thread_id": "t", "action": "interrupt"})  # cancelling a run
+
+
+@pytest.mark.parametrize("steering", [False, True])
+def test_a_run_whose_input_or_context_the_graph_would_not_take_as_sent_is_refused_saying_what(steering):
+    """The server drops a context key its schema lacks and the graph reads only an input's question: a misspelt
+    ``max_turn`` or a ``max_turns`` put in the input ran on the defaults, and the client never learned. Refused
+    (422) for every client, with what was wrong and what is expected; a ``configurable`` may carry other keys."""
+    from langgraph_sdk import Auth
+
+    from ps_agent.server_auth import refuse_unchecked_crons, refuse_unchecked_runs
+
+    user = {"identity": "studio", "kind": "StudioUser"} if steering else {"identity": "anonymous"}
+    ctx = Auth.types.AuthContext(permissions=[], user=user, resource="threads", action="create_run")
+
+    def refusal(handler, value: dict) -> str | None:
+        try:
+            asyncio.run(handler(ctx, value))
+        except Auth.exceptions.HTTPException as error:
+            assert error.status_code == 422, error.detail
+            return error.detail
+        return None
+
+    question = {"question": "Q?"}
+    marked = {"configurable": {"__context_provided__": True}}  # what the server adds when a client sends a context
+    typo = {"input": question, "context": {"max_turn": 1}, "config": marked}
+    assert refusal(refuse_unchecked_runs, {"kwargs": typo}) == (
+        f"a run: its context has an unknown setting 'max_turn' (did you mean 'max_turns'?): expected some of "
+        f"{[f.name for f in fields(AgentConfig)]}"
+    )
+    assert "unknown setting 'top_k' (did you mean 'topk'?)" in refusal(
+        refuse_unchecked_crons, {"payload": {"input": question, "context": {"top_k": 9}}}
+    )
+    assert refusal(refuse_unchecked_runs, {"kwargs": {"input": question | {"max_turns": 1}}}) == (
+        "a run: its input is {\"question\": \"...\"} and nothing else; got the keys ['max_turns', 'question']"
+    )
+    assert refusal(refuse_unchecked_runs, {"kwargs": {"input": "Q?"}}).endswith("got a str")
+    assert refusal(refuse_unchecked_runs, {"kwargs": {"input": {}}}).endswith("got the keys []")
+    settings = {"input": question, "context": {"max_turns": 1, "llm": "qwen0.5b", "corpus": "wiki"}, "config": marked}
+    assert refusal(refuse_unchecked_runs, {"kwargs": settings}) is None
+    unmarked = {"input": question, "context": {"user_id": 7}, "config": {"configurable": {"user_id": 7}}}
+    assert refusal(refuse_unchecked_runs, {"kwargs": unmarked}) is None  # a configurable's other keys stay open

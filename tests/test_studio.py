@@ -90,7 +90,8 @@ def test_langgraph_dev_serves_the_graph(langgraph_dev, tmp_path):
 def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
     """A client may not reach the nodes past ``prepare``: a run's ``command``, a run with no input and an edit of a
     thread's state are refused (403, saying what the server takes); Studio keeps them, and a run that starts with
-    an input starts afresh after an edit; a metadata patch stays open."""
+    an input starts afresh after an edit; a metadata patch stays open. A run whose context or input the graph
+    would not take as sent is refused (422) for every client."""
     import httpx
 
     url, log = langgraph_dev
@@ -116,6 +117,17 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
                 "/runs/crons", json={"assistant_id": "parallel_search", "schedule": "0 0 1 1 *"}
             ),
         }
+        malformed = {  # what the server would drop, the run going on with defaults: refused, the operator's too
+            "misspelt setting": client.post(
+                "/runs/wait",
+                json={"assistant_id": "parallel_search", "input": {"question": "Q?"}, "context": {"max_turn": 1}},
+            ),
+            "setting in the input": client.post(
+                "/runs/wait",
+                json={"assistant_id": "parallel_search", "input": {"question": "Q?", "max_turns": 1}},
+                headers=studio,
+            ),
+        }
         preset_id = str(uuid.uuid4())  # a new thread created with a state
         preset = client.post("/threads", json={"thread_id": preset_id, "supersteps": [{"updates": [edit]}]})
         patched = client.patch(f"/threads/{thread}", json={"metadata": {"graph_id": "parallel_search"}})
@@ -128,6 +140,10 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
     for what, response in refused.items():
         assert response.status_code == 403, (what, response.status_code, response.text)
         assert '{"question": "..."}' in response.json()["detail"], (what, response.text)
+    for what, response in malformed.items():
+        assert response.status_code == 422, (what, response.status_code, response.text)
+    assert "unknown setting 'max_turn' (did you mean 'max_turns'?)" in malformed["misspelt setting"].json()["detail"]
+    assert "got the keys ['max_turns', 'question']" in malformed["setting in the input"].json()["detail"]
     assert "Forged" not in str(values[0]) and "would skip the graph's checks" in preset.text, preset.text
     assert patched.status_code == 200 and by_studio.status_code == 200, (patched.text, by_studio.text)
     assert cron.status_code == 200, cron.text
