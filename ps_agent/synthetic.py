@@ -322,6 +322,18 @@ _YES_NO = [
     ("work", "kind", "form", "Are {a} and {b} both {value}s?"),
 ]
 
+# Comparisons that pick by a category, not a number, as a third of HotpotQA's named comparisons do ("Which artist
+# is a lyricist, X or Y?", "What profession do X and Y share?"): (entity kind, attribute, sub-question noun, the
+# question asking which of two has the value, the question asking for the value both have).
+_CATEGORIES = [
+    ("person", "occupation", "occupation", "Which of {a} and {b} was a {value}?",
+     "What occupation did {a} and {b} share?"),
+    ("city", "country", "country", "Which city is in {value}, {a} or {b}?", "Which country are {a} and {b} both in?"),
+    ("company", "industry", "industry", "Which is a {value} company, {a} or {b}?",
+     "What industry are {a} and {b} both in?"),
+    ("work", "kind", "form", "Which is a {value}, {a} or {b}?", "What form do {a} and {b} share?"),
+]  # fmt: skip
+
 # Relations a bridge hop follows: (entity kind, attribute naming another entity, phrase for the question,
 # sub-question for the search).
 _HOPS = {
@@ -363,10 +375,11 @@ def _chain(world: World, rng: random.Random, depth: int, start: Entity | None = 
 Add = Callable[..., None]
 
 
-def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, Any]]:
+def questions(world: World, seed: int, per_family: int = 3, categories: bool = False) -> list[dict[str, Any]]:
     """Questions of every family: comparison k = 2..8, bridge depth d = 2..4, hybrids, single-hop, yes/no
-    comparisons of two, hybrids that ask for the start of the chain, and ranked pairs (a world built with them).
-    The families draw from one random stream, in this order, so a seed gives the same questions."""
+    comparisons of two, hybrids that ask for the start of the chain, and ranked pairs (a world built with them);
+    ``categories``: then the category comparisons (``_categories``). The families draw from one random stream, in
+    this order, so a seed gives the same questions, and the same first ones with ``categories``."""
     rng = random.Random(seed + 1)
     out: list[dict[str, Any]] = []
 
@@ -379,6 +392,8 @@ def questions(world: World, seed: int, per_family: int = 3) -> list[dict[str, An
 
     for family in (_comparisons, _bridges, _hybrids, _single_hops, _yes_nos, _start_hybrids, _ranked_pairs):
         family(world, rng, per_family, add)
+    if categories:
+        _categories(world, rng, per_family, add)
     return out
 
 
@@ -461,6 +476,28 @@ def _yes_nos(world: World, rng: random.Random, per_family: int, add: Add) -> Non
         add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)
 
 
+def _categories(world: World, rng: random.Random, per_family: int, add: Add) -> None:
+    """Two entities compared by a category: which of the two has the value the question names (they differ), or
+    what value both have (they share it); the two searched in one round, read as ``yes_nos`` reads them."""
+    for i in range(per_family * 4):
+        kind, attr, noun, which, shared = rng.choice(_CATEGORIES)
+        pool = _of_kind(world)[kind]
+        a = rng.choice(pool)
+        others = [e for e in pool if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 1)]
+        if not others:
+            continue
+        pair = [a, rng.choice(others)]
+        rng.shuffle(pair)
+        as_named = world.ranked and i % 4 >= 2  # half searched and read as real questions are
+        plan = [[yes_no_step(world, e, attr, noun, as_named) for e in pair]]
+        if i % 2 == 0:
+            pick = rng.choice(pair)
+            question, answer = which.format(a=pair[0].name, b=pair[1].name, value=pick.attrs[attr]), pick.name
+        else:
+            question, answer = shared.format(a=pair[0].name, b=pair[1].name), str(a.attrs[attr])
+        add("category", "comparison", question, answer, plan, k=2, depth=1)
+
+
 # Hybrid questions in 2Wiki's form: which of two works or companies has the creator or founder born first (``min``)
 # or last (``max``); the answer is the work or company, not the person.
 _BY_START = {
@@ -512,10 +549,12 @@ def _ranked_pairs(world: World, rng: random.Random, per_family: int, add: Add) -
         add("ranked", "comparison", question, pick.name, plan, k=2, depth=1)
 
 
-def generate(seed: int, entities: int, out: str | Path, per_family: int = 3, ranked: bool = False) -> tuple[Path, Path]:
+def generate(
+    seed: int, entities: int, out: str | Path, per_family: int = 3, ranked: bool = False, categories: bool = False
+) -> tuple[Path, Path]:
     """Write ``corpus.jsonl`` and ``questions.jsonl`` for a seed: same seed and sizes, same bytes. ``ranked``: with
-    the ranked mountains and lakes and their questions (off by default: the held-out world and the gold the
-    shipped adapters were trained on are without them)."""
+    the ranked mountains and lakes and their questions; ``categories``: with the category comparisons (both off by
+    default: the held-out world and the gold the shipped adapters were trained on are without them)."""
     if not isinstance(per_family, int) or per_family < 1:
         raise ValueError(f"per_family must be at least 1 (questions per family setting), got {per_family!r}")
     world = World(seed, entities, ranked)
@@ -523,7 +562,8 @@ def generate(seed: int, entities: int, out: str | Path, per_family: int = 3, ran
     out.mkdir(parents=True, exist_ok=True)
     corpus, qs = out / "corpus.jsonl", out / "questions.jsonl"
     corpus.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in world.corpus()))
-    qs.write_text("".join(json.dumps(q, sort_keys=True) + "\n" for q in questions(world, seed, per_family)))
+    rows = questions(world, seed, per_family, categories)
+    qs.write_text("".join(json.dumps(q, sort_keys=True) + "\n" for q in rows))
     return corpus, qs
 
 

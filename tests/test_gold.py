@@ -30,6 +30,8 @@ from training.reading import asked_date, asked_phrase, first_date, quote
 from training.run_sft import sft_example
 from training.turns import (
     TeacherPolicy,
+    category_verdict,
+    check_categories,
     check_chains,
     compare_two,
     comparison_verdict,
@@ -288,6 +290,57 @@ def test_a_yes_no_pair_read_as_sentences_names_each_entity_with_the_value_its_se
         "Ab Cd: composer; Ef Gh: engineer: different."
     )
     assert yes_no_verdict("Did Ab Cd and Ef Gh have the same occupation?", jobs, "yes") is None  # the check says no
+
+
+def test_a_comparison_by_a_category_reads_each_value_and_answers_with_the_one_asked_or_the_one_shared():
+    """The retrain at step 140 and 250 compared birth years for "Which artist is a lyricist, Eric Bloom or Otep
+    Shamaya?": a third of HotpotQA's named comparisons pick by a category, which no synthetic question did and no
+    gold answer turn checked (docs/results.md, 2026-11-30, second)."""
+    jobs = [{"sub_question": "A occupation", "finding": "composer"}, {"sub_question": "B occupation",
+            "finding": "engineer"}]  # fmt: skip
+    assert category_verdict("Which of A and B was a composer?", jobs, "A") == (
+        'The question asks which is "composer". A occupation: composer; B occupation: engineer. Only A is.'
+    )
+    assert category_verdict("Which of A and B was a composer?", jobs, "B") is None  # the check says A
+    assert category_verdict("Which of A and B was a sculptor?", jobs, "A") is None  # the question names neither
+    shared = [jobs[0], dict(jobs[1], finding="composer")]
+    assert category_verdict("What occupation did A and B share?", shared, "composer").endswith("Both are composer.")
+    assert category_verdict("What occupation did A and B share?", jobs, "composer") is None  # they share none
+    assert category_verdict("Were A and B both composers?", shared, "yes") is None  # a yes/no: yes_no_verdict's
+    years = [dict(jobs[0], finding="1879"), dict(jobs[1], finding="1901")]
+    assert category_verdict("Which of A and B was born in 1879?", years, "A") is None  # numbers: compared otherwise
+    bands = [{"sub_question": "Eric Bloom", "finding": "Eric Bloom is an American lyricist and guitarist"},
+             {"sub_question": "Otep Shamaya", "finding": "Otep Shamaya is the lead vocalist of Otep"}]  # fmt: skip
+    assert category_verdict("Which artist is a lyricist, Eric Bloom or Otep Shamaya?", bands, "Eric Bloom") == (
+        "The question asks which is a lyricist. Eric Bloom: yes; Otep Shamaya: not stated."
+    )
+    both = [bands[0], dict(bands[1], finding="Otep Shamaya is a lyricist")]
+    assert category_verdict("Which artist is a lyricist, Eric Bloom or Otep Shamaya?", both, "Eric Bloom") is None
+    assert category_verdict("Which artist is a lyricist, Eric Bloom or Otep Shamaya?", bands, "Otep Shamaya") is None
+
+
+def test_category_comparisons_of_a_world_built_with_them_each_check_before_answering(tmp_path):
+    """``gold.py --categories``: every category comparison of a world gets its check (the pair read as bare values
+    or, in a ranked world, as sentences), the check gives the gold answer, and a world without the flag has the
+    same questions it had, in the same order, and none of these."""
+    _, plain = generate(seed=7, entities=150, out=tmp_path / "plain", ranked=True)
+    _, with_them = generate(seed=7, entities=150, out=tmp_path / "categories", ranked=True, categories=True)
+    before = plain.read_text().splitlines()
+    rows = [json.loads(line) for line in with_them.read_text().splitlines()]
+    assert with_them.read_text().splitlines()[: len(before)] == before
+    categories = [q for q in rows[len(before) :] if q["family"] == "category"]
+    assert len(categories) == len(rows) - len(before) >= 8
+    assert {"value" in q["plan"][0][0] for q in categories} == {True, False}  # read as sentences and as values
+    gold = GoldSet([GoldQuestion(q["id"], q["question"], q["golden_answers"], q["type"], q["plan"], "synthetic", "c")
+                    for q in categories])  # fmt: skip
+    check_categories(gold)
+    kinds = Counter()
+    for q in gold.questions:
+        last = teacher_turns(q, "parallel", random.Random(0))[-1]
+        kinds["which" if "Only" in last else "shared" if "Both are" in last else None] += 1
+        answer = q.golden_answers[0]
+        assert last.endswith(f"So the answer is {answer}. </think>\n<answer> {answer} </answer>"), last
+    assert kinds["which"] >= 4 and kinds["shared"] >= 4 and kinds[None] == 0, kinds
 
 
 def test_every_yes_no_pair_read_as_sentences_in_a_ranked_world_gets_its_check(tmp_path):

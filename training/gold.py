@@ -50,7 +50,14 @@ from training.plans import (
     ends_on_answer,
     gold_questions,
 )
-from training.turns import TeacherPolicy, answer_verdict, check_chains, drop_undecided_comparisons, teacher_turns
+from training.turns import (
+    TeacherPolicy,
+    answer_verdict,
+    check_categories,
+    check_chains,
+    drop_undecided_comparisons,
+    teacher_turns,
+)
 
 logger = logging.getLogger("gold")
 
@@ -154,6 +161,13 @@ def main(argv: list[str] | None = None) -> Path:
         "(docs/results.md, 2026-11-27 and 2026-11-28: not in the shipped gold)",
     )
     parser.add_argument(
+        "--categories",
+        action="store_true",
+        help='worlds with category comparisons too ("Which of A and B was a composer?", "What occupation did A '
+        "and B share?\"), each read and checked before answering: the next retrain's (docs/results.md, 2026-11-30, "
+        "second)",
+    )
+    parser.add_argument(
         "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
     )
     parser.add_argument(
@@ -184,8 +198,12 @@ def main(argv: list[str] | None = None) -> Path:
 
     out = args.out or Path("runs/gold") / f"{args.mode}.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(model_path(args.model))
-    gold = gold_questions(args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked)
+    gold = gold_questions(
+        args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked, args.categories
+    )
     drop_undecided_comparisons(gold)
+    if args.categories:
+        check_categories(gold)
     if args.checked_chains:
         check_chains(gold)
     episodes, skipped = build_episodes(
@@ -266,7 +284,9 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
     ``real_yes_no`` counts the kept episodes of the shared sets answered yes and no, and those whose answer turn
     spells out a check (a policy taught mostly unchecked yeses learns to say yes); ``yes_no`` counts every kept
     episode answered yes and no; ``real_ends_on_answer`` counts the kept chains of the shared sets that answer with
-    the entity they searched last, and those whose answer turn checks it against the question (``check_chains``)."""
+    the entity they searched last, and those whose answer turn checks it against the question (``check_chains``);
+    ``category_checks`` counts by source the kept comparisons by a category whose answer turn checks it
+    (``check_categories``)."""
     planned = len(gold.questions)
     by_id = {q.id: q for q in gold.questions}
     real_yes_no: Counter = Counter({"yes": 0, "no": 0, "with_check": 0})
@@ -279,6 +299,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         if ends_on_answer(q):
             ends_on_answer_counts["chains"] += 1
             ends_on_answer_counts["checked"] += "check" in q.plan[-1][0]
+    kept = [by_id[e["id"]] for e in episodes]
     ran = built + skipped["a gold passage was not retrieved"]
     compared = [
         s
@@ -306,6 +327,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "real_yes_no": dict(real_yes_no),
         "real_ends_on_answer": dict(ends_on_answer_counts),
         "yes_no": {"yes": answered["yes"], "no": answered["no"]},
+        "category_checks": dict(Counter(q.source for q in kept if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0])),
         "skipped_questions": dict(gold.skipped),  # before any episode ran: no plan, or an unchecked chain
         "skipped_episodes": dict(skipped),
     }

@@ -83,14 +83,15 @@ def restore_corpora(rows: Sequence[dict[str, Any]]) -> None:
         path = Path(corpus)
         if path.is_file():
             continue
-        world = re.fullmatch(r"synth-(\d+)(-ranked)?", path.parent.name)
+        world = re.fullmatch(r"synth-(\d+)(-ranked)?(-categories)?", path.parent.name)
         if path.name != "corpus.jsonl" or world is None:
             raise FileNotFoundError(
                 f"{len(named)} question row(s) (first: {named[0].get('id')!r}) name the corpus {corpus}, which is "
                 "missing: expected a jsonl file of {'id', 'contents'} lines (rebuild it, or fix the rows' 'corpus')"
             )
         seed = int(world.group(1))
-        _, questions_path = generate(seed, WORLD_ENTITIES, path.parent, WORLD_PER_FAMILY, ranked=bool(world.group(2)))
+        ranked, categories = bool(world.group(2)), bool(world.group(3))
+        _, questions_path = generate(seed, WORLD_ENTITIES, path.parent, WORLD_PER_FAMILY, ranked, categories)
         known = {json.loads(line)["question"] for line in questions_path.read_text().splitlines()}
         strangers = [row.get("id") for row in named if row["question"] not in known]
         if strangers:
@@ -103,14 +104,14 @@ def restore_corpora(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def synthetic_questions(
-    seeds: Sequence[int], entities: int, per_family: int, out: Path, ranked: bool = False
+    seeds: Sequence[int], entities: int, per_family: int, out: Path, ranked: bool = False, categories: bool = False
 ) -> GoldSet:
     """Every family of the synthetic worlds of ``seeds`` (written under ``out``; ``ranked``: worlds with the ranked
-    mountains and lakes, in ``synth-SEED-ranked``)."""
+    mountains and lakes, in ``synth-SEED-ranked``; ``categories``: with the category comparisons, ``…-categories``)."""
     gold = GoldSet()
     for seed in seeds:
-        folder = out / f"synth-{seed}{'-ranked' if ranked else ''}"
-        corpus, path = generate(seed, entities, folder, per_family=per_family, ranked=ranked)
+        folder = out / f"synth-{seed}{'-ranked' if ranked else ''}{'-categories' if categories else ''}"
+        corpus, path = generate(seed, entities, folder, per_family=per_family, ranked=ranked, categories=categories)
         for q in map(json.loads, path.read_text().splitlines()):
             gold.questions.append(
                 GoldQuestion(
@@ -278,11 +279,11 @@ def _as_written(answers: list[str], plan: list[list[dict]], passages: dict[str, 
 def gold_questions(
     seeds: Sequence[int] = TRAIN_SEEDS, entities: int = WORLD_ENTITIES, per_family: int = WORLD_PER_FAMILY,
     shared: Sequence[str] = SHARED_SETS,
-    work_dir: Path = Path("runs/gold"), ranked: bool = False,
+    work_dir: Path = Path("runs/gold"), ranked: bool = False, categories: bool = False,
 ) -> GoldSet:  # fmt: skip
-    """The training questions: synthetic worlds of ``seeds`` (``ranked``: with ranked mountains and lakes) and the
-    train parts of the ``shared`` sets."""
-    gold = synthetic_questions(seeds, entities, per_family, work_dir, ranked)
+    """The training questions: synthetic worlds of ``seeds`` (``ranked``: with ranked mountains and lakes;
+    ``categories``: with the category comparisons) and the train parts of the ``shared`` sets."""
+    gold = synthetic_questions(seeds, entities, per_family, work_dir, ranked, categories)
     for name in shared:
         part = shared_questions(name)
         gold.questions += part.questions

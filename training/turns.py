@@ -130,6 +130,7 @@ def answer_verdict(q: GoldQuestion) -> str | None:
         or comparison_verdict(q.question, q.plan[-1], answer)
         or (starts and comparison_verdict(q.question, q.plan[-1], answer, names=starts))
         or yes_no_verdict(q.question, q.plan[-1], answer)
+        or q.plan[-1][0].get("check")  # a category comparison's (``check_categories``)
         or None
     )
 
@@ -366,6 +367,71 @@ def check_chains(gold: GoldSet) -> None:
             step["finding"], step["check"] = step["asked_finding"], check
         kept.append(q)
     gold.questions = kept
+
+
+def category_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """The check a think turn spells out before answering a comparison by a category, when each step's value is
+    short (a word or two, no digits): for "Which of A and B was a composer?", each value and which is the one the
+    question names (``The question asks which is "composer". A occupation: composer; B occupation: engineer. Only A
+    is.``); for "What occupation did A and B share?", the value both have (``A: composer; B: composer. Both are
+    composer.``). Where the findings are quoted sentences, ``category_reading``. None when no such check gives
+    ``answer``."""
+    if len(steps) != 2 or yes_no([answer]) is not None:
+        return None
+    named = all("value" in s for s in steps)  # read as a sentence, its value known (``ps_agent.synthetic``)
+    values = [s["value"] if named else s.get("finding") or "" for s in steps]
+    if any(not v for v in values):
+        return None
+    if any(len(v.split()) > 3 for v in values):
+        return category_reading(question, steps, answer)
+    if any(re.search(r"\d", v) for v in values):
+        return None
+    listed = "; ".join(f"{s['sub_question']}: {v}" for s, v in zip(steps, values, strict=True))
+    if len({normalised(v) for v in values}) == 1:
+        return f"{listed}. Both are {values[0]}." if normalised(answer) == normalised(values[0]) else None
+    asked = [i for i, v in enumerate(values) if re.search(rf"\b{re.escape(normalised(v))}\b", normalised(question))]
+    if len(asked) != 1 or not normalised(steps[asked[0]]["sub_question"]).startswith(normalised(answer)):
+        return None
+    return f'The question asks which is "{values[asked[0]]}". {listed}. Only {answer} is.'
+
+
+#: "Which artist is a lyricist, A or B?": what a question asks of one of two names given after it (its verb, then
+#: the property), read from the text before the first name
+_WHICH_PROPERTY = re.compile(
+    r"^(?:which|who)\b.*?\s(is|was|are|were|has|had|have)\s+((?:an?\s+|the\s+)?.+?)[\s,:;]*$", re.IGNORECASE
+)
+
+
+def category_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
+    """``category_verdict`` for quoted sentences (real questions): "Which artist is a lyricist, A or B?" asks which
+    of the two sentences holds every content word of the property (``The question asks which is a lyricist. Eric
+    Bloom: yes; Otep Shamaya: not stated.``). None unless exactly one does, and it is ``answer``'s: a check the
+    passages do not bear out would teach guessing."""
+    names = [plain_title(s["sub_question"]) for s in steps]
+    lowered = question.lower()
+    if any(name.lower() not in lowered for name in names):
+        return None
+    asked = _WHICH_PROPERTY.match(question[: min(lowered.index(name.lower()) for name in names)].strip())
+    wanted = key_words(asked.group(2), singular=True) if asked else set()
+    if not wanted or len(wanted) > 4:
+        return None
+    holds = [wanted <= key_words(s["finding"], singular=True) for s in steps]
+    if holds.count(True) != 1 or not normalised(names[holds.index(True)]).startswith(normalised(answer)):
+        return None
+    listed = "; ".join(f"{name}: {'yes' if h else 'not stated'}" for name, h in zip(names, holds, strict=True))
+    return f"The question asks which {asked.group(1).lower()} {asked.group(2)}. {listed}."
+
+
+def check_categories(gold: GoldSet) -> None:
+    """``gold.py --categories``: each comparison of two by a category (a synthetic one of ``--categories``'
+    worlds; a real "Which artist is a lyricist, A or B?" whose passages bear one out) spells out its check before
+    answering (``category_verdict``); the others stay as they are. The shipped gold has none."""
+    for q in gold.questions:
+        last = q.plan[-1]
+        if len(last) == 2 and q.type == "comparison" and answer_verdict(q) is None:
+            check = category_verdict(q.question, last, q.golden_answers[0])
+            if check:
+                last[0]["check"] = check
 
 
 def drop_undecided_comparisons(gold: GoldSet) -> None:
