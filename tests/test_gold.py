@@ -16,7 +16,7 @@ from ps_agent.llms import context_ids
 from ps_agent.protocol import is_well_formed_turn, parse_action
 from ps_agent.questions import split_part
 from ps_agent.synthetic import generate
-from training.gold import build_episodes, episode, main, summary, unchecked_yes_no, with_yes_no
+from training.gold import build_episodes, continuation_set, episode, main, summary, unchecked_yes_no
 from training.plans import (
     WORLD_ENTITIES,
     WORLD_PER_FAMILY,
@@ -429,17 +429,45 @@ def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_se
     by_id = {q.id: q for q in questions}
 
     assert [q.id for q in questions if unchecked_yes_no(q)] == ["real-unchecked"]  # what --checked-yes-no drops
-    kept = [ep["id"] for ep in with_yes_no(episodes, by_id, 4, cap=3)]
+    kept = [ep["id"] for ep in continuation_set(episodes, by_id, {"yes": 2, "no": 2}, cap=3)]
     assert "real-no" in kept and "real-unchecked" not in kept  # the shared sets' checked one first; no unchecked
     answers = Counter(by_id[i].golden_answers[0] for i in kept)
     assert answers["yes"] == 2 and answers["no"] == 2, answers
     assert sum(i.startswith("named-") for i in kept) == 3 and sum(i.startswith("bridge-") for i in kept) == 3
-    assert len(with_yes_no(episodes, by_id, 4, cap=None)) == 4 + 10  # uncapped: every other episode
+    assert len(continuation_set(episodes, by_id, {"yes": 2, "no": 2}, cap=None)) == 4 + 10  # uncapped: all others
     report = summary(GoldSet(questions), [e for e in episodes if e["id"] in kept], Counter(), len(kept))
     assert report["yes_no"] == {"yes": 2, "no": 2}
     with pytest.raises(SystemExit):
         main(["--yes-no", "3"])
     assert "--yes-no 3: expected an even count" in capsys.readouterr().err
+
+
+def test_a_category_continuation_set_draws_checked_category_comparisons_the_shared_sets_first(capsys):
+    """``--categories-drawn N``: N comparisons by a category that check before answering, the shared sets' first,
+    beside the others capped by source and class (an unchecked yes/no among them: only drawing yes/no leaves those
+    out)."""
+    jobs = [{"sub_question": "A occupation", "finding": "composer"},
+            {"sub_question": "B occupation", "finding": "engineer"}]  # fmt: skip
+    bands = [{"sub_question": "Eric Bloom", "finding": "Eric Bloom is an American lyricist"},
+             {"sub_question": "Otep Shamaya", "finding": "Otep Shamaya is the singer of Otep"}]  # fmt: skip
+    lyricist = "Which artist is a lyricist, Eric Bloom or Otep Shamaya?"
+    questions = [
+        GoldQuestion("real-category", lyricist, ["Eric Bloom"], "comparison", [bands], "hotpotqa", "c"),
+        GoldQuestion("real-unchecked", "Are both bands?", ["yes"], "comparison", [bands], "hotpotqa", "c"),
+        *(GoldQuestion(f"syn-category-{i}", "Which of A and B was a composer?", ["A"], "comparison",
+                       [[dict(s) for s in jobs]], "synthetic", "c") for i in range(4)),
+        *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [jobs[:1]], "synthetic", "c") for i in range(5)),
+    ]  # fmt: skip
+    check_categories(GoldSet(questions))
+    classes = {"comparison": "parallelisable", "bridge": "sequential"}
+    episodes = [{"id": q.id, "source": q.source, "question_class": classes[q.type]} for q in questions]
+    by_id = {q.id: q for q in questions}
+    kept = [ep["id"] for ep in continuation_set(episodes, by_id, {"category": 3}, cap=2)]
+    assert "real-category" in kept and sum(i.startswith("syn-category-") for i in kept) == 2, kept
+    assert "real-unchecked" in kept and sum(i.startswith("bridge-") for i in kept) == 2, kept
+    with pytest.raises(SystemExit):
+        main(["--categories-drawn", "5"])
+    assert "--categories-drawn 5: expected a count >= 0, drawn from --categories" in capsys.readouterr().err
 
 
 def test_a_real_yes_no_answer_follows_a_check_of_the_quoted_sentences():

@@ -178,6 +178,14 @@ def main(argv: list[str] | None = None) -> Path:
         "half no, each spelling out its check (real ones first), beside the others (capped by --per-source-class)",
     )
     parser.add_argument(
+        "--categories-drawn",
+        type=int,
+        default=0,
+        help="a continuation set for a policy that compares by numbers where the question asks for a category: N "
+        "category comparisons that check before answering (real ones first; needs --categories), beside the others "
+        "(capped by --per-source-class)",
+    )
+    parser.add_argument(
         "--checked-yes-no",
         action="store_true",
         help="leave out the yes/no episodes whose answer turn spells out no check (v5's gold held 20 of 38 real "
@@ -193,6 +201,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     if args.yes_no < 0 or args.yes_no % 2:
         parser.error(f"--yes-no {args.yes_no}: expected an even count >= 0 (half answered yes, half no)")
+    if args.categories_drawn < 0 or (args.categories_drawn and not args.categories):
+        parser.error(f"--categories-drawn {args.categories_drawn}: expected a count >= 0, drawn from --categories")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
@@ -216,8 +226,10 @@ def main(argv: list[str] | None = None) -> Path:
         kept = [ep for ep in episodes if not unchecked_yes_no(by_id[ep["id"]])]
         skipped["a yes/no answer with no check (--checked-yes-no)"] += len(episodes) - len(kept)
         episodes = kept
-    if args.yes_no:
-        episodes = with_yes_no(episodes, by_id, args.yes_no, args.per_source_class)
+    draw = {"yes": args.yes_no // 2, "no": args.yes_no // 2} if args.yes_no else {}
+    draw |= {"category": args.categories_drawn} if args.categories_drawn else {}
+    if draw:
+        episodes = continuation_set(episodes, by_id, draw, args.per_source_class)
     elif args.per_source_class:
         episodes = capped(episodes, args.per_source_class)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +239,7 @@ def main(argv: list[str] | None = None) -> Path:
         "tokenizer": Path(model_path(args.model)).name,  # run_sft.py refuses the episodes for another model
         "per_source_class": args.per_source_class,
         "yes_no_drawn": args.yes_no,
+        "categories_drawn": args.categories_drawn,
     }
     report = summary(gold, episodes, skipped, built) | options
     out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -253,25 +266,36 @@ def unchecked_yes_no(q: GoldQuestion) -> bool:
     return yes_no(q.golden_answers) is not None and answer_verdict(q) is None
 
 
-def with_yes_no(
-    episodes: Sequence[dict[str, Any]], questions: Mapping[str, GoldQuestion], n: int, cap: int | None, seed: int = 0
+def drawn_kind(q: GoldQuestion) -> str | None:
+    """What a continuation set draws ``q`` as: ``yes`` or ``no`` (a yes/no comparison that checks before
+    answering), ``unchecked`` (one that does not), ``category`` (a comparison by a category that checks, of
+    ``--categories``), or None."""
+    if answer := yes_no(q.golden_answers):
+        return "unchecked" if answer_verdict(q) is None else answer
+    return "category" if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0] else None
+
+
+def continuation_set(
+    episodes: Sequence[dict[str, Any]],
+    questions: Mapping[str, GoldQuestion],
+    draw: Mapping[str, int],
+    cap: int | None,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """``n`` yes/no episodes, half answered yes and half no, beside the other episodes (at most ``cap`` of each
-    source and class when given), shuffled together: the set to go on training a policy that answers yes to
-    questions whose answer is no (``run_sft.py --init_adapter``). Only yes/no episodes whose answer turn spells out
-    its check are drawn, the shared sets' first: an unchecked answer teaches answering without reading."""
+    """``draw[kind]`` episodes of each kind drawn (``drawn_kind``: ``yes``, ``no``, ``category``), the shared sets'
+    first, beside the other episodes (at most ``cap`` of each source and class when given), shuffled together: the
+    set to go on training a policy on what it gets wrong (``run_sft.py --init_adapter``) while it rehearses what it
+    knew. Drawing yes/no episodes never draws or keeps an unchecked one: it teaches answering without reading."""
     rng = random.Random(seed)
-
-    def answer(ep: dict[str, Any]) -> str | None:
-        return yes_no(questions[ep["id"]].golden_answers)
-
-    others = [ep for ep in episodes if answer(ep) is None]
+    kinds = {ep["id"]: drawn_kind(questions[ep["id"]]) for ep in episodes}
+    left_out = set(draw) | ({"unchecked"} if {"yes", "no"} & set(draw) else set())
+    others = [ep for ep in episodes if kinds[ep["id"]] not in left_out]
     kept = capped(others, cap, seed) if cap else others
-    for word in ("yes", "no"):
-        pool = [ep for ep in episodes if answer(ep) == word and not unchecked_yes_no(questions[ep["id"]])]
+    for kind, n in draw.items():
+        pool = [ep for ep in episodes if kinds[ep["id"]] == kind]
         rng.shuffle(pool)
         pool.sort(key=lambda ep: ep["source"] == "synthetic")  # stable: the shared sets' first, each shuffled
-        kept += pool[: n // 2]
+        kept += pool[:n]
     rng.shuffle(kept)
     return kept
 
