@@ -458,19 +458,30 @@ def _single_hops(world: World, rng: random.Random, per_family: int, add: Add) ->
         add("single-hop", None, f"In which year was {person.name} born?", born, plan, k=1, depth=1)
 
 
+def _read_pair(
+    world: World, rng: random.Random, kind: str, attr: str, noun: str, same: bool, as_named: bool
+) -> tuple[list[Entity], list[list[dict[str, Any]]]] | None:
+    """Two entities of ``kind`` whose ``attr`` is the same (or differs), in random order, and the search round
+    that reads both values (``yes_no_step``; ``as_named``: searched and read as real questions are); None when the
+    first entity drawn has no such partner."""
+    pool = _of_kind(world)[kind]
+    a = rng.choice(pool)
+    others = [e for e in pool if e is not a and (e.attrs[attr] == a.attrs[attr]) == same]
+    if not others:
+        return None
+    pair = [a, rng.choice(others)]
+    rng.shuffle(pair)
+    return pair, [[yes_no_step(world, e, attr, noun, as_named) for e in pair]]
+
+
 def _yes_nos(world: World, rng: random.Random, per_family: int, add: Add) -> None:
     """Whether two entities share an attribute value, half answered yes and half no."""
     for i in range(per_family * 2):
         kind, attr, noun, question_form = rng.choice(_YES_NO)
-        pool = _of_kind(world)[kind]
-        a = rng.choice(pool)
-        others = [e for e in pool if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 0)]
-        if not others:
+        drawn = _read_pair(world, rng, kind, attr, noun, same=i % 2 == 0, as_named=world.ranked and i % 4 >= 2)
+        if drawn is None:
             continue
-        pair = [a, rng.choice(others)]
-        rng.shuffle(pair)
-        as_named = world.ranked and i % 4 >= 2  # half searched and read as real questions are
-        plan = [[yes_no_step(world, e, attr, noun, as_named) for e in pair]]
+        pair, plan = drawn
         value = rng.choice(pair).attrs[attr]  # a "both" question asks for one of the two values
         question = question_form.format(a=pair[0].name, b=pair[1].name, value=value)
         add("yes-no", "comparison", question, "yes" if i % 2 == 0 else "no", plan, k=2, depth=1)
@@ -481,20 +492,15 @@ def _categories(world: World, rng: random.Random, per_family: int, add: Add) -> 
     what value both have (they share it); the two searched in one round, read as ``yes_nos`` reads them."""
     for i in range(per_family * 4):
         kind, attr, noun, which, shared = rng.choice(_CATEGORIES)
-        pool = _of_kind(world)[kind]
-        a = rng.choice(pool)
-        others = [e for e in pool if e is not a and (e.attrs[attr] == a.attrs[attr]) == (i % 2 == 1)]
-        if not others:
+        drawn = _read_pair(world, rng, kind, attr, noun, same=i % 2 == 1, as_named=world.ranked and i % 4 >= 2)
+        if drawn is None:
             continue
-        pair = [a, rng.choice(others)]
-        rng.shuffle(pair)
-        as_named = world.ranked and i % 4 >= 2  # half searched and read as real questions are
-        plan = [[yes_no_step(world, e, attr, noun, as_named) for e in pair]]
+        pair, plan = drawn
         if i % 2 == 0:
             pick = rng.choice(pair)
             question, answer = which.format(a=pair[0].name, b=pair[1].name, value=pick.attrs[attr]), pick.name
         else:
-            question, answer = shared.format(a=pair[0].name, b=pair[1].name), str(a.attrs[attr])
+            question, answer = shared.format(a=pair[0].name, b=pair[1].name), str(pair[0].attrs[attr])
         add("category", "comparison", question, answer, plan, k=2, depth=1)
 
 

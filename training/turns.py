@@ -254,6 +254,20 @@ def ranked_verdict(steps: Sequence[dict[str, Any]], answer: str) -> str | None:
     return f"The values read: {'; '.join(reads)}. The question asks for the {wanted}. {decided}"
 
 
+def read_values(steps: Sequence[dict[str, Any]]) -> tuple[list[str], bool, str | None]:
+    """What a check compares of each step: its ``value`` where every step carries one (read as a sentence, its
+    value known: ``ps_agent.synthetic``), else its finding; whether they carried one; and what they are:
+    ``sentences`` (one is longer than three words), ``numbers`` (one holds a digit), ``words``, or None (one is
+    missing)."""
+    named = all("value" in s for s in steps)
+    values = [s["value"] if named else s.get("finding") or "" for s in steps]
+    if any(not v for v in values):
+        return values, named, None
+    if any(len(v.split()) > 3 for v in values):
+        return values, named, "sentences"
+    return values, named, "numbers" if any(re.search(r"\d", v) for v in values) else "words"
+
+
 def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
     """The check a think turn spells out before answering yes or no, when every finding is a short value
     (a name or a word, no digits): whether the values are the same, for a question that asks so, else whether
@@ -267,13 +281,10 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     ``answer``."""
     if answer.lower() not in ("yes", "no"):
         return None
-    named = all("value" in s for s in steps)  # read as a sentence, its value known (``ps_agent.synthetic``)
-    values = [s["value"] if named else s.get("finding") or "" for s in steps]
-    if any(not v for v in values):
-        return None
-    if any(len(v.split()) > 3 for v in values):
+    values, named, kind = read_values(steps)
+    if kind == "sentences":
         return yes_no_reading(question, steps, answer)
-    if any(re.search(r"\d", v) for v in values):
+    if kind != "words":
         return None
     listed = (
         "; ".join(f"{s['sub_question']}: {v}" for s, v in zip(steps, values, strict=True)) if named else _and(values)
@@ -378,13 +389,10 @@ def category_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str
     ``answer``."""
     if len(steps) != 2 or yes_no([answer]) is not None:
         return None
-    named = all("value" in s for s in steps)  # read as a sentence, its value known (``ps_agent.synthetic``)
-    values = [s["value"] if named else s.get("finding") or "" for s in steps]
-    if any(not v for v in values):
-        return None
-    if any(len(v.split()) > 3 for v in values):
+    values, _, kind = read_values(steps)
+    if kind == "sentences":
         return category_reading(question, steps, answer)
-    if any(re.search(r"\d", v) for v in values):
+    if kind != "words":
         return None
     listed = "; ".join(f"{s['sub_question']}: {v}" for s, v in zip(steps, values, strict=True))
     if len({normalised(v) for v in values}) == 1:
