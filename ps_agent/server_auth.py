@@ -67,6 +67,9 @@ def _unchecked(run: dict[str, Any]) -> str | None:
     return None
 
 
+SETTINGS = [f.name for f in fields(AgentConfig)]  # what a run's context may set (its llm and corpus by name)
+
+
 def _malformed(run: dict[str, Any], context: dict[str, Any] | None) -> str | None:
     """What in a run's request the graph would not take as sent, if anything: the server drops a ``context`` key
     its schema lacks (a misspelt ``max_turn``) and the graph reads only an input's ``question``, so the run would
@@ -77,9 +80,6 @@ def _malformed(run: dict[str, Any], context: dict[str, Any] | None) -> str | Non
         return f'its input is {{"question": "..."}} and nothing else; got {got}'
     wrong = unknown_setting(context, SETTINGS) if isinstance(context, dict) else None
     return f"its context has an {wrong}" if wrong else None
-
-
-SETTINGS = [f.name for f in fields(AgentConfig)]  # what a run's context may set (its llm and corpus by name)
 
 
 def _check(steers: bool, request: dict[str, Any], context: dict[str, Any] | None, cron: bool) -> None:
