@@ -271,7 +271,7 @@ def drawn_kind(q: GoldQuestion) -> str | None:
     answering), ``unchecked`` (one that does not), ``category`` (a comparison by a category that checks, of
     ``--categories``), or None."""
     if answer := yes_no(q.golden_answers):
-        return "unchecked" if answer_verdict(q) is None else answer
+        return "unchecked" if unchecked_yes_no(q) else answer
     return "category" if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0] else None
 
 
@@ -351,7 +351,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "real_yes_no": dict(real_yes_no),
         "real_ends_on_answer": dict(ends_on_answer_counts),
         "yes_no": {"yes": answered["yes"], "no": answered["no"]},
-        "category_checks": dict(Counter(q.source for q in kept if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0])),
+        "category_checks": dict(Counter(q.source for q in kept if drawn_kind(q) == "category")),
         "skipped_questions": dict(gold.skipped),  # before any episode ran: no plan, or an unchecked chain
         "skipped_episodes": dict(skipped),
     }
