@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from ps_agent.context import Context
 from ps_agent.graph import compile_graph
-from ps_agent.llms import EMBEDDED_SPECS, resolve_chat_model, resolve_text_policy
+from ps_agent.llms import EMBEDDED_SPECS, resolve_chat_model, resolve_text_policy, text_model_spec
 from ps_agent.retrieval import EMBEDDED, resolve_retriever
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def served_context(choices: Choices) -> type[Context]:
             super().__post_init__()
             spec = choices.pick("llm", self.llm)
             choices.pick("corpus", self.corpus)
-            if self.protocol == "tools" and isinstance(spec, str) and (spec.startswith("hf:") or ":" not in spec):
+            if self.protocol == "tools" and text_model_spec(spec):
                 raise ChoiceError(  # an embedded or local model: the client's choice, so the client may hear why
                     f"llm {self.llm or 'default'!r} is a text model, and protocol 'tools' needs a chat model with "
                     "tool calling: use protocol 'tags'" + (" or another llm" if len(choices.llms) > 1 else "")

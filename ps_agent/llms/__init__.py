@@ -43,7 +43,13 @@ from ps_agent.llms.langchain import (
     transcript_messages,
 )
 from ps_agent.llms.local import TransformersPolicy
-from ps_agent.llms.specs import SPEC_FORMS, release_text_policies, resolve_chat_model, resolve_text_policy
+from ps_agent.llms.specs import (
+    SPEC_FORMS,
+    release_text_policies,
+    resolve_chat_model,
+    resolve_text_policy,
+    text_model_spec,
+)
 from ps_agent.llms.tokens import chat_prompt_ids, context_ids, generated_length, segment_ids, special_strings, text_ids
 from ps_agent.llms.vllm import ContextFull, OpenAICompletionsPolicy
 
@@ -84,6 +90,7 @@ __all__ = [
     "shipped_policies",
     "special_strings",
     "text_ids",
+    "text_model_spec",
     "token_cap",
     "transcript_messages",
 ]

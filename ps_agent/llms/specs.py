@@ -142,6 +142,12 @@ def release_text_policies() -> None:
     gc.collect()
 
 
+def text_model_spec(llm: Any) -> bool:
+    """Whether ``llm`` is a spec of a model that speaks text only (an embedded name, an ``hf:`` folder): the tools
+    protocol needs a chat model (``vllm:URL``, ``provider:model`` or a LangChain object)."""
+    return isinstance(llm, str) and (llm.startswith("hf:") or ":" not in llm)
+
+
 def resolve_chat_model(llm: Any) -> BaseChatModel:
     """A tool-calling chat model for the tools protocol."""
     if isinstance(llm, BaseChatModel):
@@ -163,7 +169,7 @@ def resolve_chat_model(llm: Any) -> BaseChatModel:
                 "(expected an OpenAI-compatible server serving a model at that URL; is it running?)"
             ) from exc
         return ChatOpenAI(base_url=url, api_key="EMPTY", model=model, temperature=0)
-    if isinstance(llm, str) and ":" in llm and not llm.startswith("hf:"):
+    if isinstance(llm, str) and not text_model_spec(llm):
         return _init_chat_model(llm)
     raise LLMSpecError(
         f"the tools protocol needs a chat model with tool calling, got {llm!r}: expected a LangChain "
