@@ -1,4 +1,4 @@
-"""HTTP clients pooled per event loop, closed when their loop shuts down."""
+"""HTTP clients pooled per event loop, closed when their loop shuts down, and a server's reason for a refusal."""
 
 from __future__ import annotations
 
@@ -44,3 +44,20 @@ class LoopClients:
         entry = self._clients.get(asyncio.get_running_loop())
         if entry is not None:
             await entry[1].aclose()
+
+
+def server_reason(response: httpx.Response, limit: int = 500) -> str:
+    """What a server said when it refused: FastAPI's ``detail`` (a message, or its validation errors), vLLM's and
+    OpenAI's ``message`` (at the top or under ``error``), else the body; httpx's own message names the status only."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:limit]
+    if isinstance(body, dict):
+        error = body.get("error")
+        detail = body.get("detail", body.get("message", error.get("message") if isinstance(error, dict) else None))
+        if isinstance(detail, list) and all(isinstance(e, dict) for e in detail):
+            detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in detail)
+        if detail is not None:
+            return str(detail)[:limit]
+    return response.text[:limit]

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from ps_agent.http_clients import LoopClients
+from ps_agent.http_clients import LoopClients, server_reason
 from ps_agent.llms.base import Completion, ContextFull, plain_text
 from ps_agent.llms.tokens import context_ids
 from ps_agent.protocol import ChatPrompt
@@ -149,11 +149,12 @@ class OpenAICompletionsPolicy:
 
 
 def raise_for_status(response: httpx.Response) -> None:
-    """httpx's ``raise_for_status``, with the server's own reason (vLLM's error body: a model it does not serve, a
+    """httpx's ``raise_for_status``, with the server's own reason (``server_reason``: a model it does not serve, a
     prompt longer than its window), which httpx's message leaves out."""
     if response.is_error:
         raise httpx.HTTPStatusError(
-            f"{response.request.method} {response.request.url} answered {response.status_code}: {response.text[:500]}",
+            f"{response.request.method} {response.request.url} answered {response.status_code}: "
+            f"{server_reason(response)}",
             request=response.request,
             response=response,
         )

@@ -8,7 +8,7 @@ from types import TracebackType
 
 import httpx
 
-from ps_agent.http_clients import LoopClients
+from ps_agent.http_clients import LoopClients, server_reason
 from ps_agent.retrieval.base import Passage
 
 
@@ -55,7 +55,7 @@ class HTTPRetriever:
         client = await self.clients.get()
         response = await client.post(self.url, content=body, headers={"Content-Type": "application/json"})
         if response.status_code != 200:
-            message = f"retrieval server {self.url} answered {response.status_code}: {_detail(response)}"
+            message = f"retrieval server {self.url} answered {response.status_code}: {server_reason(response)}"
             if 300 <= response.status_code < 500 and response.status_code not in (408, 429):
                 raise RetrievalRejected(message)  # a redirect too: no retry reaches another URL
             raise RuntimeError(message)
@@ -73,13 +73,3 @@ class HTTPRetriever:
                 '"score"}, ...], ...]}'
             ) from None
 
-
-def _detail(response: httpx.Response) -> str:
-    """The server's reason: FastAPI's ``detail`` (a message, or a list of validation errors), else the body."""
-    try:
-        detail = response.json()["detail"]
-    except (ValueError, KeyError, TypeError):
-        return response.text[:300]
-    if isinstance(detail, list) and all(isinstance(e, dict) for e in detail):
-        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in detail)
-    return str(detail)[:500]
