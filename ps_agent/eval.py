@@ -29,7 +29,7 @@ from ps_agent.eval_report import report
 from ps_agent.llms import EMBEDDED_MODEL
 from ps_agent.policy_protocols import PROTOCOLS
 from ps_agent.provenance import check_same_model, check_same_settings, provenance, recorded_run, writing_to
-from ps_agent.questions import PARTS, dataset_name, read_jsonl, row_part
+from ps_agent.questions import PARTS, dataset_name, read_jsonl, row_parts
 from ps_agent.retrieval import CorpusError, resolve_retriever
 from ps_agent.runner import run_sync
 from ps_agent.trajectories import TrajectoryLog, read_records
@@ -218,8 +218,9 @@ async def _evaluate_one(
 
 def _part(rows: list[dict[str, Any]], settings: EvalSettings) -> list[dict[str, Any]]:
     """The rows of ``settings.part`` (every row for ``all``), the first ``settings.limit`` of them."""
-    chosen = rows if settings.part == "all" else [row for row in rows if row_part(row) == settings.part]
-    return chosen[: settings.limit]
+    if settings.part == "all":
+        return rows[: settings.limit]
+    return [row for row, part in zip(rows, row_parts(rows), strict=True) if part == settings.part][: settings.limit]
 
 
 def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSettings) -> dict[str, Any]:

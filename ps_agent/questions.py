@@ -272,11 +272,35 @@ def row_part(row: Mapping[str, Any]) -> str:
     return split_part(repeat.group(1) if repeat else row["id"])
 
 
+#: a MuSiQue id names the sub-questions it composes: ``3hop1__401538_132457_51423``
+_HOPS_RE = re.compile(r"\d+hop\d*__(\d+(?:_\d+)+)")
+
+
+def hops(question_id: str) -> frozenset[str]:
+    """The sub-question (hop) ids a composed question's id names (MuSiQue's), else none."""
+    match = _HOPS_RE.fullmatch(str(question_id))
+    return frozenset(match.group(1).split("_")) if match else frozenset()
+
+
+def row_parts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each row's part of the split (``row_part``), where a validation question that shares a hop with a train
+    question (two MuSiQue questions composed over one sub-question: the train one teaches the validation one's
+    bridge or answer) is ``held-out`` instead: validated on, it would score what was trained on. The train part
+    stays as ``row_part`` has it."""
+    parts = [row_part(row) for row in rows]
+    trained = frozenset().union(*(hops(row["id"]) for row, part in zip(rows, parts, strict=True) if part == "train"))
+    return [
+        "held-out" if part == "validation" and hops(row["id"]) & trained else part
+        for row, part in zip(rows, parts, strict=True)
+    ]
+
+
 def read_split(path: str | Path, part: str) -> list[dict[str, Any]]:
-    """The raw records of one part (``train`` or ``validation``) of a shared jsonl file, in file order."""
+    """The raw records of one part (``train`` or ``validation``: ``row_parts``) of a shared jsonl file, in file
+    order."""
     if part not in ("train", "validation"):
         raise ValueError(f"part must be 'train' or 'validation', got {part!r}")
     rows = read_jsonl(path)  # each line checked, and an id-less one given its content id, as evaluation reads it
     with Path(path).open(encoding="utf-8-sig") as lines:
         records = [json.loads(line) for line in lines if line.strip()]
-    return [record for record, row in zip(records, rows, strict=True) if row_part(row) == part]
+    return [record for record, row_part_ in zip(records, row_parts(rows), strict=True) if row_part_ == part]

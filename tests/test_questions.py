@@ -141,3 +141,22 @@ def test_a_byte_order_mark_before_the_first_line_is_not_part_of_it(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + b"\n".join([GOOD, GOOD.replace(b"Who", b"Where")]) + b"\n")
     assert [r["question"] for r in read_jsonl(path)] == ["Who?", "Where?"]
     assert [r["question"] for r in read_split(path, "train") + read_split(path, "validation")] == ["Who?", "Where?"]
+
+
+def test_a_validation_question_sharing_a_hop_with_a_train_question_is_held_out_of_both_parts(tmp_path):
+    """MuSiQue composes questions over shared sub-questions: 3 of its 24 validation questions shared one with a
+    train question (the train one's answer is their bridge), and were validated on as if never seen."""
+    from ps_agent.eval import EvalSettings, _part
+    from ps_agent.questions import hops, read_split, row_parts, split_part
+
+    ids = ["2hop__1_900", "3hop1__2_77_900", "2hop__7_901", "2hop__8_77"]
+    assert [split_part(i) for i in ids[:3]] == ["train", "validation", "validation"]  # the hash's parts, as given
+    assert hops("3hop1__2_77_900") == {"2", "77", "900"} and hops("sha1-0123456789abcdef") == frozenset()
+    path = tmp_path / "dev.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "question": f"Q {i}?", "golden_answers": ["A"]}) + "\n" for i in ids))
+    rows = read_jsonl(path)
+    assert row_parts(rows)[:3] == ["train", "held-out", "validation"]
+    validation = [r["id"] for r in read_split(path, "validation")]
+    assert "3hop1__2_77_900" not in validation and "2hop__7_901" in validation
+    assert [r["id"] for r in read_split(path, "train")] == [i for i in ids if split_part(i) == "train"]  # as before
+    assert [r["id"] for r in _part(rows, EvalSettings(llm="x", part="validation"))] == validation

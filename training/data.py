@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ps_agent.questions import KNOWN_TYPES, PARTS, read_jsonl, row_part, to_row
+from ps_agent.questions import KNOWN_TYPES, PARTS, read_jsonl, row_parts, to_row
 
 __all__ = ["BUILTIN_QUESTIONS", "from_records", "load_questions", "to_dataset"]
 
@@ -43,7 +43,7 @@ def load_questions(source: Any = "builtin", limit: int | None = None, part: str 
         rows = read_jsonl(source)
     else:
         rows = from_records(source, type(source).__name__)
-    rows = rows if part == "all" else [row for row in rows if row_part(row) == part]
+    rows = rows if part == "all" else [row for row, p in zip(rows, row_parts(rows), strict=True) if p == part]
     return rows[:limit]
 
 
