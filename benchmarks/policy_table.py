@@ -68,14 +68,20 @@ def answered(folder: Path) -> dict[str, int]:
 
 
 def recorded_devices(folder: Path) -> dict[str, str]:
-    """Per dataset, the device that answered it (``devices.json``; an older folder's one ``device.txt`` holds
-    the device of every set it has results for)."""
+    """Per dataset, the device and precision that answered it (``devices.json``; an older folder's one
+    ``device.txt`` holds the device of every set it has results for)."""
     if (folder / "devices.json").is_file():
-        return json.loads((folder / "devices.json").read_text())
-    if not (folder / "device.txt").is_file():
+        devices = json.loads((folder / "devices.json").read_text())
+    elif (folder / "device.txt").is_file():
+        device = (folder / "device.txt").read_text().strip()
+        devices = {path.name.split(".")[0]: device for path in sorted((folder / "results").glob("*.jsonl"))}
+    else:
         return {}
-    device = (folder / "device.txt").read_text().strip()
-    return {path.name.split(".")[0]: device for path in sorted((folder / "results").glob("*.jsonl"))}
+    # a device recorded without its precision (before it was recorded) answered in the one this script gave it
+    return {
+        name: " + ".join(d if " " in d else f"{d} {precision(d)}" for d in label.split(" + "))
+        for name, label in devices.items()
+    }
 
 
 def commands(folder: Path) -> list[str]:

@@ -50,7 +50,7 @@ class EvalSettings:
     limit: int | None = None
     strict: bool = False
     agent: dict[str, Any] = field(default_factory=dict)  # other AgentConfig fields: max_turns, topk, …
-    # which questions of each file: all, or one part of the shared files' split (``questions.split_part``)
+    # which questions of each file: all, or one part of the shared files' split (``questions.row_parts``)
     part: str = "all"
     # the weight files behind an LLM object (a served model: its base and adapter), checksummed like the files an
     # LLM spec names, so a rerun into a folder answered by other weights is refused

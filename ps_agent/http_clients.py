@@ -54,10 +54,10 @@ def server_reason(response: httpx.Response, limit: int = 500) -> str:
     except ValueError:
         return response.text[:limit]
     if isinstance(body, dict):
-        error = body.get("error")
-        detail = body.get("detail", body.get("message", error.get("message") if isinstance(error, dict) else None))
-        if isinstance(detail, list) and all(isinstance(e, dict) for e in detail):
-            detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in detail)
-        if detail is not None:
-            return str(detail)[:limit]
+        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        for said in (body.get("detail"), body.get("message"), error.get("message")):
+            if isinstance(said, list) and said and all(isinstance(e, dict) for e in said):
+                said = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in said)
+            if said:  # the first that says something: a null or empty one does not hide the next
+                return str(said)[:limit]
     return response.text[:limit]

@@ -28,7 +28,7 @@ from ps_agent.cache import file_checksum
 from ps_agent.configuration import RESOURCES, AgentConfig
 from ps_agent.llms import EMBEDDED_BASES, embedded_base, embedded_spec, policies_dir
 from ps_agent.protocol import Mode
-from ps_agent.questions import dataset_name
+from ps_agent.questions import SPLIT, dataset_name
 from ps_agent.trajectories import read_records
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ def check_same_model(out_dir: Path, llm: str, model_sha1: dict[str, str], earlie
 def check_same_settings(out_dir: Path, run: dict[str, Any], earlier: dict[str, Any] | None) -> None:
     """A run resumes into ``out_dir``, skipping the questions answered there: refuse when they were answered with
     other agent settings (``max_turns``, ``topk``, …; unset is the default), another retriever, another part of the
-    split, or another version of a question file, since the report would give those answers as this run's.
-    ``earlier``: ``recorded_run(out_dir)`` (answers not on record are ``check_same_model``'s to refuse)."""
+    split or the same part of another split (``questions.SPLIT``), or another version of a question file, since the
+    report would give those answers as this run's. ``earlier``: ``recorded_run(out_dir)`` (answers not on record are
+    ``check_same_model``'s to refuse)."""
     if not earlier:
         return
     then, now = earlier.get("settings", {}), run["settings"]
@@ -85,6 +86,8 @@ def check_same_settings(out_dir: Path, run: dict[str, Any], earlier: dict[str, A
         for key in ("agent", "retriever", "retriever_sha1", "part")
         if key in then and _json(then[key]) != _json(now[key])
     ]
+    if now["part"] != "all" and then.get("split", "id-hash") != now["split"]:  # the same part of another split
+        changed.append(f"split {_json(then.get('split', 'id-hash'))} (now {_json(now['split'])})")
     held = earlier.get("dataset_sha1", {})
     changed += [
         f"{path} (its contents, since the folder's answers to {dataset_name(Path(path))!r})"
@@ -175,6 +178,7 @@ def provenance(settings: EvalSettings, data: list[Path]) -> dict[str, Any]:
             "limit": settings.limit,
             "agent": settings.agent,
             "part": settings.part,
+            "split": SPLIT,
             "weights": [str(path) for path in settings.weights],
         },
         "model_sha1": model_checksums(settings),

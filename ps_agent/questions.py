@@ -272,6 +272,9 @@ def row_part(row: Mapping[str, Any]) -> str:
     return split_part(repeat.group(1) if repeat else row["id"])
 
 
+#: which split ``row_parts`` makes, recorded in each eval folder: one filled under another is not resumed under this
+#: one (``id-hash``, before shared hops were held out, validated on 3 MuSiQue questions this one holds out)
+SPLIT = "id-hash, shared hops held out"
 #: a MuSiQue id names the sub-questions it composes: ``3hop1__401538_132457_51423``
 _HOPS_RE = re.compile(r"\d+hop\d*__(\d+(?:_\d+)+)")
 

@@ -392,8 +392,9 @@ def test_a_rerun_into_a_folder_answered_with_other_settings_is_refused_before_an
 
 
 def test_part_validation_runs_only_the_held_out_questions_and_a_rerun_on_another_part_is_refused(synthetic, tmp_path):
-    """The documented command evaluated the shared files whole, the train part the policies learnt from included."""
-    from ps_agent.questions import split_part
+    """The documented command evaluated the shared files whole, the train part the policies learnt from included;
+    and a folder filled under another split (its validation part held questions this one holds out) was resumed."""
+    from ps_agent.questions import SPLIT, split_part
 
     corpus, questions, rows = synthetic
 
@@ -407,6 +408,13 @@ def test_part_validation_runs_only_the_held_out_questions_and_a_rerun_on_another
     assert sorted(answered) == sorted(held_out) and 0 < len(held_out) < len(rows)
     with pytest.raises(ValueError, match=r'other settings: part "validation" \(now "all"\)'):
         evaluate([questions], out, settings("all"))
+    runs = out / "runs.jsonl"
+    first = json.loads(runs.read_text().splitlines()[0])
+    assert first["settings"]["split"] == SPLIT
+    del first["settings"]["split"]  # as a folder filled before MuSiQue's shared hops were held out records it
+    runs.write_text(json.dumps(first) + "\n")
+    with pytest.raises(ValueError, match=rf'other settings: split "id-hash" \(now "{SPLIT}"\)'):
+        evaluate([questions], out, settings("validation"))
     with pytest.raises(ValueError, match=r"part must be one of all, train, validation, got 'test'"):
         settings("test")
 

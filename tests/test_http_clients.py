@@ -23,6 +23,9 @@ from ps_agent.http_clients import server_reason
         ),  # FastAPI's validation errors
         ({"object": "error", "message": "The model `x` does not exist.", "code": 404}, "The model `x` does not exist."),
         ({"error": {"message": "prompt too long", "type": "BadRequestError"}}, "prompt too long"),  # OpenAI's form
+        ({"detail": None, "message": "out of memory"}, "out of memory"),  # a null detail hides nothing
+        ({"detail": "", "error": {"message": "busy"}}, "busy"),
+        ({"detail": []}, '{"detail":[]}'),  # nothing said: the body
         ({"result": []}, '{"result":[]}'),  # JSON that says no reason: the body
         (["not", "an", "object"], '["not","an","object"]'),
     ],

@@ -85,10 +85,13 @@ def test_a_folder_filled_on_a_gpu_then_resumed_on_a_cpu_names_each_sets_device_a
     (folder / "results").mkdir(parents=True)
     (folder / "results" / "hotpotqa.parallel.jsonl").write_text("{}\n")
     (folder / "device.txt").write_text("cuda")  # as an older policy_table left it
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda bfloat16"}  # as the script ran it then
     policy_table.record_devices(folder, ["musique"], "cpu")
-    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda", "musique": "cpu float32"}
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda bfloat16", "musique": "cpu float32"}
+    policy_table.record_devices(folder, ["hotpotqa"], "cuda")  # the same device and precision, named once
+    assert policy_table.recorded_devices(folder) == {"hotpotqa": "cuda bfloat16", "musique": "cpu float32"}
     policy_table.record_devices(folder, ["hotpotqa", "musique"], "vllm-cpu")  # resumed on another device
-    both = {"hotpotqa": "cuda + vllm-cpu float32", "musique": "cpu float32 + vllm-cpu float32"}
+    both = {"hotpotqa": "cuda bfloat16 + vllm-cpu float32", "musique": "cpu float32 + vllm-cpu float32"}
     assert policy_table.recorded_devices(folder) == both
     policy_table.record_devices(folder, ["musique"], "cuda")  # resumed on a GPU, in bfloat16
     both["musique"] += " + cuda bfloat16"

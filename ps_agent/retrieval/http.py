@@ -72,4 +72,3 @@ class HTTPRetriever:
                 f'body {response.text[:200]!r}): expected {{"result": [[{{"document": {{"id", "contents"}}, '
                 '"score"}, ...], ...]}'
             ) from None
-
