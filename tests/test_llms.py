@@ -768,22 +768,28 @@ def test_the_smollm2_gguf_is_pinned_as_the_qwen_one_is(tmp_path):
         check_gguf(SMOLLM2, tampered)
 
 
+def installed_parts(tmp_path: Path, monkeypatch, prefix: str, datas: list[bytes]) -> tuple[tuple[str, str], ...]:
+    """``datas`` installed as the packages ``PREFIX1``, ``PREFIX2``, … (each holding ``p.bin``), with an empty cache:
+    the parts of a split GGUF as the embedded models find them."""
+    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
+    for i, data in enumerate(datas, 1):
+        package = tmp_path / "packages" / f"{prefix}{i}"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "p.bin").write_bytes(data)
+    return tuple((f"{prefix}{i}", "p.bin") for i in range(1, len(datas) + 1))
+
+
 def test_parts_that_assemble_to_another_file_are_refused_and_not_kept(tmp_path, monkeypatch):
     """The assembled file was kept before its check: a damaged part failed every later call, reinstalled or not."""
     import hashlib
 
     from ps_agent.llms.embedded import embedded_model_path
 
-    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
     good = [b"part one|", b"part two"]
-    for i, data in enumerate(good, 1):
-        package = tmp_path / "packages" / f"ps_test_part{i}"
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text("")
-        (package / "p.bin").write_bytes(data)
+    parts = installed_parts(tmp_path, monkeypatch, "ps_test_part", good)
     whole = b"".join(good)
-    parts = (("ps_test_part1", "p.bin"), ("ps_test_part2", "p.bin"))
     base = EmbeddedBase("fake", "fake-model", "Fake", parts, "reinstall them", size=len(whole),
                         sha256=hashlib.sha256(whole).hexdigest())  # fmt: skip
     damaged = tmp_path / "packages" / "ps_test_part2" / "p.bin"
@@ -805,17 +811,11 @@ def test_a_damaged_part_is_named_with_its_package_before_the_parts_are_assembled
 
     from ps_agent.llms.embedded import embedded_model_path
 
-    monkeypatch.setenv("PS_AGENT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.syspath_prepend(str(tmp_path / "packages"))
     good = [b"part one|", b"part two"]
-    for i, data in enumerate(good, 1):
-        package = tmp_path / "packages" / f"ps_pinned_part{i}"
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text("")
-        (package / "p.bin").write_bytes(data)
+    parts = installed_parts(tmp_path, monkeypatch, "ps_pinned_part", good)
     whole = b"".join(good)
     base = EmbeddedBase(
-        "fake", "fake-model", "Fake", (("ps_pinned_part1", "p.bin"), ("ps_pinned_part2", "p.bin")), "reinstall them",
+        "fake", "fake-model", "Fake", parts, "reinstall them",
         size=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
         part_pins=tuple((len(data), hashlib.sha256(data).hexdigest()) for data in good),
     )  # fmt: skip
