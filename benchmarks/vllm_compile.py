@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, save  # noqa: E402
 from ps_agent.llms import embedded_model_path  # noqa: E402
+from ps_agent.llms.vllm import raise_for_status  # noqa: E402
 from ps_agent.llms.vllm_server import VLLMServer  # noqa: E402
 
 
@@ -34,7 +35,7 @@ async def decode(url: str, model: str, prompts: list[list[int]], tokens: int) ->
         started = time.monotonic()
         replies = await asyncio.gather(*(client.post(f"{url}/completions", json=body | {"prompt": p}) for p in prompts))
         for reply in replies:
-            reply.raise_for_status()
+            raise_for_status(reply)  # with the server's reason
         return time.monotonic() - started
 
 
