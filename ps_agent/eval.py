@@ -159,14 +159,19 @@ def end_torn_line(path: Path) -> None:
 
 
 async def _evaluate_file(
-    path: Path, rows: list[dict[str, Any]], settings: EvalSettings, out_dir: Path, progress: Progress
+    path: Path,
+    rows: list[dict[str, Any]],
+    left: dict[str, list[dict[str, Any]]],
+    settings: EvalSettings,
+    out_dir: Path,
+    progress: Progress,
 ) -> list[dict[str, Any]]:
-    """Run a file's questions not yet answered, in every mode; the records this run wrote."""
+    """Run a file's questions not yet answered (``left``, by mode), in every mode; the records this run wrote."""
     dataset = dataset_name(path)
     written = []
     for mode in settings.modes:
         results = out_dir / "results" / f"{dataset}.{mode}.jsonl"
-        todo = _left(out_dir, path, rows, mode)
+        todo = left[mode]
         task = progress.add_task(f"{dataset} · {mode}", total=len(rows), completed=len(rows) - len(todo))
         agent = ParallelSearchAgent(
             llm=settings.llm, retriever=corpus_for(path, settings.retriever), mode=mode, **settings.agent
@@ -255,15 +260,18 @@ def evaluate(data: Sequence[str | Path], out_dir: str | Path, settings: EvalSett
         # through rich's redirect deadlocked the kernel
         with Progress(redirect_stdout=False, redirect_stderr=False) as progress:
             for path, rows in files:
-                written.extend(await _evaluate_file(path, rows, settings, out_dir, progress))
+                left = {mode: todo[path, mode] for mode in settings.modes}
+                written.extend(await _evaluate_file(path, rows, left, settings, out_dir, progress))
 
     run = provenance(settings, [path for path, _ in files])
     with writing_to(out_dir):
         earlier = recorded_run(out_dir)
         check_same_model(out_dir, run["settings"]["llm"], run["model_sha1"], earlier)
         check_same_settings(out_dir, run, earlier)
+        # each results file read once, under the folder's lock: what is left to run in each mode
+        todo = {(path, mode): _left(out_dir, path, rows, mode) for path, rows in files for mode in settings.modes}
         for mode in settings.modes:
-            if any(_left(out_dir, path, rows, mode) for path, rows in files):  # a finished rerun loads no model
+            if any(todo[path, mode] for path, _ in files):  # a finished rerun loads no model
                 check_llm(settings.llm, mode, settings.agent.get("protocol", "tags"))
         TrajectoryLog(out_dir / "runs.jsonl").append(run)
         try:

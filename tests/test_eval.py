@@ -576,6 +576,22 @@ def test_a_rerun_with_every_question_answered_loads_no_model(synthetic, tmp_path
     assert len(loaded) == 1
 
 
+def test_a_rerun_reads_each_results_file_once(synthetic, tmp_path, monkeypatch):
+    """What was left to run was read from the results file twice: once to decide whether to load the model, and
+    again before running (a results file grows with every question: the trajectories of each)."""
+    import ps_agent.eval
+
+    corpus, questions, rows = synthetic
+    settings = EvalSettings(llm=GoldPlanPolicy(rows), retriever=str(corpus), modes=("parallel", "sequential"), limit=2)
+    evaluate([questions], tmp_path / "out", settings)
+    read, finished_ids = [], ps_agent.eval.finished_ids
+    monkeypatch.setattr(ps_agent.eval, "finished_ids", lambda path: read.append(path.name) or finished_ids(path))
+    settings.limit = 3
+    summary = evaluate([questions], tmp_path / "out", settings)
+    assert sorted(read) == ["synth.parallel.jsonl", "synth.sequential.jsonl"]
+    assert [summary["overall"][mode]["n"] for mode in settings.modes] == [3, 3]
+
+
 def test_a_rerun_names_its_corpus_by_its_file_not_by_the_path_it_was_given(synthetic, tmp_path, monkeypatch):
     """A relative --corpus was compared as text: the same file named from another folder was refused, and another
     file of the same name in another folder was accepted, its answers reported as one run with the first's."""
