@@ -39,13 +39,25 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     A run's ``config["configurable"]`` sets any of those fields within its bounds. It picks ``llm`` and ``corpus``
     only by name from ``choices`` (a ``Choices``: name → spec or object; default: the operator's environment,
     ``PS_AGENT_ALLOWED_LLMS``/``PS_AGENT_ALLOWED_CORPORA``, else the embedded ones), never as a free-form spec.
+    ``configurable_prefix`` (e.g. ``"research_"``): the agent reads only the keys that carry it (``research_mode``,
+    ``research_llm``), as a ``ConfigurableField`` id is chosen, so a parent app's own ``mode`` or ``llm`` stays
+    its own; a prefixed key that names no setting is refused.
     """
 
     def __init__(
-        self, llm: Any = None, retriever: Any = None, *, choices: Choices | None = None, **config: Any
+        self,
+        llm: Any = None,
+        retriever: Any = None,
+        *,
+        choices: Choices | None = None,
+        configurable_prefix: str = "",
+        **config: Any,
     ) -> None:
         if choices is not None and not isinstance(choices, Choices):
             raise TypeError(f"choices must be a ps_agent.serving.Choices, got {type(choices).__name__}")
+        if not isinstance(configurable_prefix, str):
+            raise TypeError(f"configurable_prefix must be a string, got {type(configurable_prefix).__name__}")
+        self.configurable_prefix = configurable_prefix
         if wrong := unknown_setting(config, [f.name for f in fields(AgentConfig) if f.name not in RESOURCES]):
             raise TypeError(f"ParallelSearchAgent got an {wrong}")
         self.context = Context(**{"llm": llm, "corpus": retriever} | config)
@@ -54,10 +66,26 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
         self.graph: Runnable[dict[str, Any], dict[str, Any]] = graph_for(self.context)
 
     @classmethod
-    def from_config(cls, config: AgentConfig, *, choices: Choices | None = None) -> ParallelSearchAgent:
+    def from_config(
+        cls, config: AgentConfig, *, choices: Choices | None = None, configurable_prefix: str = ""
+    ) -> ParallelSearchAgent:
         """The agent of an ``AgentConfig``, its ``llm`` and ``corpus`` included."""
         settings = {f.name: getattr(config, f.name) for f in fields(AgentConfig)}
-        return cls(settings.pop("llm"), settings.pop("corpus"), choices=choices, **settings)
+        llm, corpus = settings.pop("llm"), settings.pop("corpus")
+        return cls(llm, corpus, choices=choices, configurable_prefix=configurable_prefix, **settings)
+
+    def _settings(self, config: RunnableConfig | None) -> RunnableConfig:
+        """The run's settings as ``{"configurable": {...}}``: its ``configurable``, or with a
+        ``configurable_prefix`` only the keys that carry it, the prefix taken off."""
+        configurable = configurable_of(config)
+        prefix = self.configurable_prefix
+        if not prefix:
+            return {"configurable": dict(configurable)}
+        settings = {k[len(prefix) :]: v for k, v in configurable.items() if isinstance(k, str) and k.startswith(prefix)}
+        known = [f.name for f in fields(AgentConfig)]
+        if wrong := unknown_setting(settings, known):
+            raise ValueError(f"a configurable key after the agent's prefix {prefix!r} names an {wrong}")
+        return {"configurable": settings}
 
     def _run(self, config: RunnableConfig | None, kwargs: dict[str, Any]) -> tuple[RunnableConfig, Context]:
         """The run's config and context: the agent's, with ``config["configurable"]``'s settings applied and its
@@ -68,8 +96,9 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
                 "run as config={'configurable': {...}} (mode, max_turns, …); "
                 f"got context={kwargs['context']!r:.80}"
             )
-        context = self.context.with_overrides(config)
-        configurable = configurable_of(config)  # a name of None picks nothing: the agent's own stays
+        settings = self._settings(config)
+        context = self.context.with_overrides(settings)
+        configurable = settings["configurable"]  # a name of None picks nothing: the agent's own stays
         picked = {
             kind: self.choices.pick(kind, configurable[kind])
             for kind in RESOURCES
@@ -162,7 +191,7 @@ class ParallelSearchAgent(Runnable[dict[str, Any], dict[str, Any]]):
     def _limit(self, config: RunnableConfig) -> int:
         """A run's ``max_concurrency``: its ``configurable``'s, else the agent's (a bad setting is the run's error)."""
         try:
-            return self.context.with_overrides(config).max_concurrency
+            return self.context.with_overrides(self._settings(config)).max_concurrency
         except (TypeError, ValueError):
             return self.context.max_concurrency
 

@@ -521,6 +521,31 @@ def test_graph_works_as_a_subgraph():
     assert out["answer"] == "Paris" and out["stats"]["decomposed"]
 
 
+def test_a_prefixed_agent_reads_only_its_own_keys_of_a_parent_apps_configurable():
+    """A parent app's own ``configurable`` (its ``llm``, its ``mode``) reached the agent it runs as a node: the
+    parent's model name was refused as not offered, and its mode changed the agent's."""
+    chosen = scripted_llm(FOUR, ANSWER)
+    agent = ParallelSearchAgent(
+        llm=scripted_llm(ANSWER),
+        retriever=SleepyRetriever(),
+        choices=Choices(llms={"scripted": chosen}),
+        configurable_prefix="research_",
+    )
+    parent = StateGraph(dict)
+    parent.add_node("research", agent)
+    parent.add_edge(START, "research")
+    parent.add_edge("research", END)
+    own = {"llm": "openai:gpt-4o", "mode": "sequential", "thread_id": "t1"}
+    mine = {"research_llm": "scripted", "research_topk": 1}
+    out = parent.compile().invoke({"question": ANIMALS}, {"configurable": own | mine})
+    assert out["answer"] == "Paris" and out["trajectory"]["mode"] == "parallel" and out["stats"]["decomposed"]
+    assert [len(r["passages"]) for r in out["trajectory"]["search_rounds"][0]["results"]] == [1] * 4
+    with pytest.raises(ValueError, match=r"prefix 'research_' names an unknown setting 'mdoe' \(did you mean 'mode'"):
+        agent.invoke("Q?", {"configurable": {"research_mdoe": "sequential"}})
+    with pytest.raises(TypeError, match=r"configurable_prefix must be a string, got int"):
+        ParallelSearchAgent(llm=chosen, retriever=SleepyRetriever(), configurable_prefix=1)
+
+
 def test_trajectory_and_stats_are_consistent():
     agent = ParallelSearchAgent(llm=scripted_llm(FOUR, "<search> e </search>", ANSWER), retriever=SleepyRetriever())
     out = agent.invoke({"question": "Q?"})
