@@ -1,5 +1,6 @@
-"""End to end: the real default policy (Qwen2.5-Coder-0.5B with its shipped adapter) and SmolLM2-135M over the
-real embedded corpus (BM25), over a dense index served by the real retrieval server, and over vLLM."""
+"""End to end: the real embedded policies (SmolLM2-135M, and Qwen2.5-Coder-0.5B's sequential one, each with its
+shipped adapter) over the real embedded corpus (BM25), over a dense index served by the real retrieval server, and
+over vLLM."""
 
 import asyncio
 import json
@@ -43,9 +44,11 @@ def check_consistent(out: dict, max_turns: int) -> None:
     assert trajectory["response"].count("<information>") == len(rounds)
 
 
-def test_embedded_defaults_answer_real_questions(qwen_path):
-    agent = ParallelSearchAgent(max_turns=2, max_new_tokens=96)
-    policy = resolve_text_policy(None)  # the agent's: one loaded policy per spec, shared with other tests
+def test_the_embedded_policy_answers_real_questions_in_one_batch(smollm2_path):
+    """Concurrent runs over the embedded corpus are generated as batches. SmolLM2, for speed: the default policy
+    (Qwen) answers end to end in test_make_demo_is_answered_right_by_the_embedded_defaults and test_llms.py."""
+    agent = ParallelSearchAgent(llm="smollm2", max_turns=2, max_new_tokens=96)
+    policy = resolve_text_policy("smollm2")  # the agent's: one loaded policy per spec, shared with other tests
     expected, earlier = policy.expected, len(policy.batch_sizes)
     policy.expected = len(QUESTIONS)  # the concurrent questions' turns generated as one batch
     try:

@@ -17,10 +17,13 @@ from ps_agent.processes import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
 EIFFEL = "Which is older, the Eiffel Tower or the Statue of Liberty?"
+#: the runs' policy: an offered name, SmolLM2's for speed (these tests are of the server; the default policy's
+#: runs are tested in test_llms.py and test_cli.py)
+RUN = {"llm": "smollm2", "mode": "sequential"}
 
 
 @pytest.fixture(scope="module")
-def langgraph_dev(qwen_path, tmp_path_factory) -> Iterator[tuple[str, Path]]:
+def langgraph_dev(smollm2_path, tmp_path_factory) -> Iterator[tuple[str, Path]]:
     """The real ``langgraph dev`` on 127.0.0.1 serving ``langgraph.json``: its URL and its log."""
     langgraph = shutil.which("langgraph", path=str(Path(sys.executable).parent))
     if langgraph is None:
@@ -53,7 +56,7 @@ def test_langgraph_dev_serves_the_graph(langgraph_dev, tmp_path):
             )
         ]
         thread = await client.threads.create()  # Studio's way: runs on a thread, whose state is kept
-        config = {"configurable": {"max_turns": 1, "max_new_tokens": 64, "mode": "sequential"}}
+        config = {"configurable": {"max_turns": 1, "max_new_tokens": 64} | RUN}
         results = [
             await client.runs.wait(thread["thread_id"], "parallel_search", input={"question": q}, config=config)
             for q in ("Which river is longer, the Nile or the Amazon?", EIFFEL)
@@ -95,7 +98,7 @@ def test_served_graph_refuses_what_skips_its_checks(langgraph_dev):
     import httpx
 
     url, log = langgraph_dev
-    config = {"configurable": {"max_turns": 1, "max_new_tokens": 48, "mode": "sequential"}}
+    config = {"configurable": {"max_turns": 1, "max_new_tokens": 48} | RUN}
     edit = {"values": {"answer": "Forged", "question": "Forged?"}, "as_node": "prepare"}
     studio = {"x-auth-scheme": "langsmith"}  # what Studio sends; `langgraph dev` takes it as the operator
     with httpx.Client(base_url=url, timeout=300) as client:
