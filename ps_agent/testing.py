@@ -5,9 +5,12 @@ on this package (like LangChain's ``langchain_core.language_models.fake``); neve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -19,6 +22,17 @@ from ps_agent.retrieval import Passage
 def scripted_llm(*turns: str) -> FakeListLLM:
     """Test double: a LangChain LLM that replies with ``turns`` in order."""
     return FakeListLLM(responses=list(turns))
+
+
+@contextlib.contextmanager
+def batched(policy: Any, runs: int) -> Iterator[Any]:
+    """A loaded policy (``resolve_text_policy``'s, shared by the tests of a process) whose turns wait for the
+    turns of ``runs`` concurrent runs and are generated as one batch, for the ``with`` block only."""
+    expected, policy.expected = policy.expected, runs
+    try:
+        yield policy
+    finally:
+        policy.expected = expected
 
 
 class SleepyRetriever:

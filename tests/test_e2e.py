@@ -14,6 +14,7 @@ from ps_agent.llms import resolve_text_policy
 from ps_agent.processes import free_port, served
 from ps_agent.retrieval.corpus import load_embedded_corpus
 from ps_agent.retrieval.index import build_index
+from ps_agent.testing import batched
 
 QUESTIONS = [
     "Which is older, the Eiffel Tower or the Statue of Liberty?",
@@ -49,12 +50,9 @@ def test_the_embedded_policy_answers_real_questions_in_one_batch(smollm2_path):
     (Qwen) answers end to end in test_make_demo_is_answered_right_by_the_embedded_defaults and test_llms.py."""
     agent = ParallelSearchAgent(llm="smollm2", max_turns=2, max_new_tokens=96)
     policy = resolve_text_policy("smollm2")  # the agent's: one loaded policy per spec, shared with other tests
-    expected, earlier = policy.expected, len(policy.batch_sizes)
-    policy.expected = len(QUESTIONS)  # the concurrent questions' turns generated as one batch
-    try:
+    earlier = len(policy.batch_sizes)
+    with batched(policy, len(QUESTIONS)):
         outs = asyncio.run(agent.abatch(QUESTIONS, config={"max_concurrency": len(QUESTIONS)}))
-    finally:
-        policy.expected = expected
     sizes = policy.batch_sizes[earlier:]  # this test's batches, not those of a test before it in this process
     assert max(sizes) > 1, sizes
     for question, out in zip(QUESTIONS, outs, strict=True):
@@ -63,8 +61,8 @@ def test_the_embedded_policy_answers_real_questions_in_one_batch(smollm2_path):
 
 
 def test_sequential_mode_on_the_embedded_defaults(qwen_path):
-    out = ParallelSearchAgent(mode="sequential", max_turns=2, max_new_tokens=96).invoke(QUESTIONS[0])
-    check_consistent(out, max_turns=2)
+    out = ParallelSearchAgent(mode="sequential", max_turns=1, max_new_tokens=96).invoke(QUESTIONS[0])
+    check_consistent(out, max_turns=1)
     assert all(len(r["searched"]) == 1 for r in out["trajectory"]["search_rounds"])
 
 

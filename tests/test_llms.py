@@ -38,7 +38,7 @@ from ps_agent.llms import (
 )
 from ps_agent.processes import free_port
 from ps_agent.protocol import STOP_SEQUENCES, SubQueryObservation, render_chat_prompt, render_information
-from ps_agent.testing import DroppingCompletionsDouble
+from ps_agent.testing import DroppingCompletionsDouble, batched
 
 QUESTION = "Which is older, the Eiffel Tower or the Statue of Liberty?"
 
@@ -577,7 +577,8 @@ def test_the_default_agent_decomposes_held_out_comparisons(tmp_path):
     rows = [json.loads(line) for line in questions.read_text().splitlines()]
     comparisons = [q for q in rows if q["family"] == "comparison" and q["k"] <= 3][:2]
     agent = ParallelSearchAgent(retriever=str(corpus))
-    outs = agent.batch([q["question"] for q in comparisons])
+    with batched(resolve_text_policy(None), len(comparisons)):  # the agent's policy: both runs' turns as one batch
+        outs = agent.batch([q["question"] for q in comparisons])
     for q, out in zip(comparisons, outs, strict=True):
         searched = out["trajectory"]["search_rounds"][0]["searched"]
         assert len(set(searched)) >= 2, (q["question"], searched)  # the untrained base splits none (learning.md)
@@ -646,13 +647,10 @@ def test_tags_injected_by_a_passage_do_not_flip_the_default_policys_answer(qwen_
         question = "Which mountain is taller, Mount Everest or K2?"
         return await asyncio.gather(*(agent.ainvoke(question) for agent in agents))
 
-    policy = resolve_text_policy(None)  # the agents' policy, shared with the other tests of this process
-    expected, policy.expected = policy.expected, len(agents)
-    try:
+    with batched(resolve_text_policy(None), len(agents)) as policy:  # the agents' policy
+        earlier = len(policy.batch_sizes)  # the batches of the tests before this one in this process
         answers = [out["answer"] for out in asyncio.run(both())]
-    finally:
-        policy.expected = expected
-    assert policy.batch_sizes[-1] == 2, policy.batch_sizes  # the last turns were generated together
+    assert max(policy.batch_sizes[earlier:]) == 2, policy.batch_sizes  # the two runs' first turns together
     assert answers[0] == answers[1] and "Everest" in answers[0], answers
 
 
