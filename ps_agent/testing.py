@@ -1,6 +1,7 @@
 """Test doubles, named as such: scripted policies, retrievers with controllable latency and faults, and
-OpenAI-compatible servers on 127.0.0.1 that misbehave on purpose. For unit tests and benchmarks of code built
-on this package (like LangChain's ``langchain_core.language_models.fake``); never used by the agent itself."""
+OpenAI-compatible servers on 127.0.0.1 that misbehave on purpose; and ``batched``, for tests of a real loaded
+policy. For unit tests and benchmarks of code built on this package (like LangChain's
+``langchain_core.language_models.fake``); never used by the agent itself."""
 
 from __future__ import annotations
 
