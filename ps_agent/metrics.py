@@ -114,14 +114,18 @@ def search_need(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float | None
     }
 
 
-def think_words(episodes: Sequence[Mapping[str, Any]]) -> float | None:
-    """The mean number of words inside a ``<think>`` block, over every think block of the episodes' turns
-    (their ``timeline``), one cut at the token limit included: a think turn that shrinks to nothing, or grows
-    without end, is a collapse signal."""
-    lengths = [
+def think_lengths(episodes: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The number of words inside each ``<think>`` block of the episodes' turns (their ``timeline``), one cut at
+    the token limit included."""
+    return [
         len(block.split())
         for e in episodes
         for turn in e["timeline"]["turns"]
         for block in _THINK.findall(turn.get("completion") or "")  # none in lines logged before turns kept it
     ]
-    return mean([float(n) for n in lengths])
+
+
+def think_words(episodes: Sequence[Mapping[str, Any]]) -> float | None:
+    """The mean number of words inside a ``<think>`` block, over every think block of the episodes' turns: a
+    think turn that shrinks to nothing, or grows without end, is a collapse signal."""
+    return mean([float(n) for n in think_lengths(episodes)])

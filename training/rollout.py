@@ -19,6 +19,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from ps_agent.episodes import episode_record, summarise_rollouts
 from ps_agent.graph import AgentError
 from ps_agent.llms import ContextFull, OpenAICompletionsPolicy, TransformersPolicy
 from ps_agent.llms.tokens import token_sequences
-from ps_agent.metrics import mean
+from ps_agent.metrics import mean, think_lengths
 from ps_agent.questions import QUESTION_CLASSES
 from ps_agent.rewards import RewardWeights, reward_components
 from ps_agent.trajectories import TrajectoryLog
@@ -110,24 +111,30 @@ def rollout_record(
 
 def log_rollout_metrics(records: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
     """Signals that show GRPO collapse coming and whether decomposition is learnt, from a batch's log lines
-    (TRL logs the rest: rewards, reward std per group, entropy, completion lengths)."""
+    (TRL logs the rest: rewards, reward std per group, entropy, completion lengths).
+
+    Each share or mean is logged once for each rollout (or think block) it is taken over: TRL averages every
+    value logged, on every process, with the same weight, so one share per process read a process's one
+    parallelisable rollout as much as another's five (the shares 1/1 and 1/5 logged 0.6, not 2/6)."""
     summary = summarise_rollouts(records)
+    rollouts, classes = len(records), Counter(r["question_class"] for r in records)
     metrics = {
-        "rollout/forced_answer_frac": summary["forced_answer"],
-        "rollout/format_valid_frac": summary["format_valid"],
-        "rollout/search_rounds": summary["search_rounds"],
-        "rollout/failed_searches": float(sum(r["failed_searches"] for r in records)),
-        "rollout/truncated_frac": mean([float(r["truncated"]) for r in records]),
-        "rollout/over_search_frac": summary["over_search"],
-        "rollout/under_search_frac": summary["under_search"],
-        "rollout/think_words": summary["think_words"],
-    } | {f"rollout/decomposed_frac/{cls}": v for cls, v in summary["decomposed_by_class"].items()}
-    # every class, 0 where a batch has none: TRL averages a metric over the processes that logged it, so a class
-    # logged only where present read 0.5 for a class a third of the rollouts held (6 processes, docs/scale.md)
-    metrics |= {f"rollout/class_frac/{cls}": summary["class_mix"].get(cls, 0.0) for cls in QUESTION_CLASSES}
-    for name, value in metrics.items():
+        "rollout/forced_answer_frac": (summary["forced_answer"], rollouts),
+        "rollout/format_valid_frac": (summary["format_valid"], rollouts),
+        "rollout/search_rounds": (summary["search_rounds"], rollouts),
+        "rollout/failed_searches": (float(sum(r["failed_searches"] for r in records)), 1),  # a sum: per process
+        "rollout/truncated_frac": (mean([float(r["truncated"]) for r in records]), rollouts),
+        "rollout/over_search_frac": (summary["over_search"], rollouts),
+        "rollout/under_search_frac": (summary["under_search"], rollouts),
+        "rollout/think_words": (summary["think_words"], len(think_lengths(records))),
+    } | {f"rollout/decomposed_frac/{c}": (v, classes[c]) for c, v in summary["decomposed_by_class"].items()}
+    # every class, 0 where a batch has none: a class logged only where present read 0.5 for a class a third of
+    # the rollouts held (6 processes, docs/scale.md)
+    metrics |= {f"rollout/class_frac/{c}": (summary["class_mix"].get(c, 0.0), rollouts) for c in QUESTION_CLASSES}
+    for name, (value, weight) in metrics.items():
         if value is not None:  # think_words under the tools protocol, whose turns have no think blocks
-            log_metric(name, value)
+            for _ in range(weight):
+                log_metric(name, value)
 
 
 def zero_std_groups(totals: Sequence[float], group_size: int) -> list[int]:

@@ -46,6 +46,15 @@ class VLLMUnavailable(RuntimeError):
 CPU_DTYPE = "float32"
 
 
+def threads_bind() -> str:
+    """The cores a server's OpenMP threads are bound to (``VLLM_CPU_OMP_THREADS_BIND``): as many as the caller's
+    ``OMP_NUM_THREADS`` where it is a count, else every core."""
+    cores = os.cpu_count() or 1
+    budget = os.environ.get("OMP_NUM_THREADS", "")
+    threads = min(int(budget), cores) if budget.isdigit() and int(budget) > 0 else cores
+    return "0" if threads == 1 else f"0-{threads - 1}"
+
+
 class VLLMServerDied(RuntimeError):
     """The server process exited while it was being used."""
 
@@ -109,13 +118,15 @@ class VLLMServer:
     parallel search of several sub-queries, each with its passages, fills 4,096 within a few turns).
     ``kv_cache_gib``: memory for the KV cache (vLLM otherwise takes most of the machine's; 2 GiB holds about
     90,000 tokens of SmolLM2-135M). ``dtype`` float32 (``CPU_DTYPE``): on this machine's CPU vllm-cpu's bfloat16
-    path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its OpenMP threads use every
-    core (by default vllm-cpu keeps one for the front end). ``reloadable``: the server's development endpoints are
-    on, so ``reload_weights`` can swap in new weights (how GRPO serves each step's policy without LoRA, whose CPU
-    path is 2-3x slower to decode). ``compiled``: False (``--enforce-eager``) starts serving in a third of the time,
-    since vLLM's default compiles the model with torch.compile at every start, and on a CPU the compiled model
-    decodes no faster (``benchmarks/results/vllm_compile.md``). Started by ``start()`` or ``with``; ``stop()`` ends
-    it.
+    path falls back from oneDNN to plain torch and decodes 2-3x slower than float32. Its OpenMP threads use the
+    caller's ``OMP_NUM_THREADS`` cores where it is set, else every core (by default vllm-cpu keeps one for the front
+    end): two threads bound to a 2-core machine's cores, beside a process busy on one of them, took 115 s where one
+    thread took 87 (``tests/test_policy_table.py``'s vllm-cpu test). ``reloadable``: the server's development
+    endpoints are on, so ``reload_weights`` can swap in new weights (how GRPO serves each step's policy without
+    LoRA, whose CPU path is 2-3x slower to decode). ``compiled``: False (``--enforce-eager``) starts serving in a
+    third of the time, since vLLM's default compiles the model with torch.compile at every start, and on a CPU the
+    compiled model decodes no faster (``benchmarks/results/vllm_compile.md``). Started by ``start()`` or ``with``;
+    ``stop()`` ends it.
     """
 
     def __init__(
@@ -164,7 +175,7 @@ class VLLMServer:
         """Start the server and wait until it serves ``/v1/models``."""
         python = vllm_python(self.venv)
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"} | os.environ  # the caller's wins
+        env = {"VLLM_CPU_OMP_THREADS_BIND": threads_bind()} | os.environ  # the caller's wins
         env |= {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_LOGGING_LEVEL": "WARNING"}
         if self.reloadable:
             env["VLLM_SERVER_DEV_MODE"] = "1"
