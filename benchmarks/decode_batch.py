@@ -6,7 +6,7 @@ side in one run.
 
 Each policy is the trained parallel adapter merged into its base (what ``ps-agent ask`` loads), float32, greedy,
 ``--tokens`` decoded tokens after a prompt of about 190, EOS ignored, on ``--threads`` threads (``make test`` gives
-each of its two workers one). It asks: how many concurrent runs make a batch worth generating together (a suite's
+each of its workers one). It asks: how many concurrent runs make a batch worth generating together (a suite's
 tests, an eval's ``--concurrency``), and what the weights' layout costs a decode step. The greedy tokens of the two
 layouts are compared. Writes ``benchmarks/results/decode_batch.{json,md}``.
 """

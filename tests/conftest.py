@@ -21,7 +21,7 @@ __all__ = ["free_port", "served", "wait_for_http"]
 def two_ranks() -> Callable[..., list[str]]:
     """The command that runs ``command`` (a script and its arguments) as two ranks under torchrun, which accelerate
     runs as MULTI_CPU over gloo (``accelerate launch --num_processes 2 --cpu`` starts one process: its multi-CPU
-    launch needs mpirun), on a free port: two such runs at once (the suite's two workers) do not meet on
+    launch needs mpirun), on a free port: two such runs at once (on two of the suite's workers) do not meet on
     torchrun's default one."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     return lambda *command: [torchrun, "--standalone", "--nproc_per_node", "2", *command]
