@@ -9,7 +9,7 @@ trajectory into prompt ids, completion ids and the environment mask — so a gol
 of the same text are the same tokens. An episode is kept only when every gold passage was actually retrieved;
 every question and episode left out is counted by reason. The pieces, in the order data flows through them:
 - ``training.plans``: the questions and their plans (synthetic worlds, the shared sets' train parts), each step
-  with what its passage says;
+  with what its passage says; ``training.pairs``: comparisons paired from the train parts' gold passages;
 - ``training.reading``: how a passage is read for a step (quotes, dates, values);
 - ``training.turns``: the turns the teacher writes, with the check spelled out before each answer;
 - this module: the episodes, the sets drawn from them and the command line.
@@ -41,6 +41,7 @@ from ps_agent.questions import plan_rounds, question_class, yes_no
 from ps_agent.runner import run_sync
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import MAX_LENGTH, add_agent_arguments
+from training.pairs import paired_questions
 from training.plans import (
     SHARED_SETS,
     WORLD_ENTITIES,
@@ -168,6 +169,19 @@ def main(argv: list[str] | None = None) -> Path:
         "second)",
     )
     parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="N comparisons of each kind (born, died, film, same nationality, both an occupation) paired from each "
+        "shared set's train-part gold passages, over real leads (training/pairs.py); source NAME-pairs",
+    )
+    parser.add_argument(
+        "--pairs-drawn",
+        type=int,
+        default=0,
+        help="a continuation set: N of the --pairs episodes beside the others (capped by --per-source-class)",
+    )
+    parser.add_argument(
         "--per-source-class", type=int, default=None, help="keep at most N episodes of each (source, class)"
     )
     parser.add_argument(
@@ -203,6 +217,8 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--yes-no {args.yes_no}: expected an even count >= 0 (half answered yes, half no)")
     if args.categories_drawn < 0 or (args.categories_drawn and not args.categories):
         parser.error(f"--categories-drawn {args.categories_drawn}: expected a count >= 0, drawn from --categories")
+    if args.pairs < 0 or args.pairs_drawn < 0 or (args.pairs_drawn and not args.pairs):
+        parser.error(f"--pairs {args.pairs} --pairs-drawn {args.pairs_drawn}: expected counts >= 0, drawn from --pairs")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
 
@@ -211,6 +227,10 @@ def main(argv: list[str] | None = None) -> Path:
     gold = gold_questions(
         args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked, args.categories
     )
+    for name in args.shared if args.pairs else ():
+        paired = paired_questions(name, args.pairs)
+        gold.questions += paired.questions
+        gold.skipped += paired.skipped
     drop_undecided_comparisons(gold)
     if args.categories:
         check_categories(gold)
@@ -228,6 +248,7 @@ def main(argv: list[str] | None = None) -> Path:
         episodes = kept
     draw = {"yes": args.yes_no // 2, "no": args.yes_no // 2} if args.yes_no else {}
     draw |= {"category": args.categories_drawn} if args.categories_drawn else {}
+    draw |= {"pair": args.pairs_drawn} if args.pairs_drawn else {}
     if draw:
         episodes = continuation_set(episodes, by_id, draw, args.per_source_class)
     elif args.per_source_class:
@@ -240,6 +261,7 @@ def main(argv: list[str] | None = None) -> Path:
         "per_source_class": args.per_source_class,
         "yes_no_drawn": args.yes_no,
         "categories_drawn": args.categories_drawn,
+        "pairs_drawn": args.pairs_drawn,
     }
     report = summary(gold, episodes, skipped, built) | options
     out.with_suffix(".summary.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -267,9 +289,11 @@ def unchecked_yes_no(q: GoldQuestion) -> bool:
 
 
 def drawn_kind(q: GoldQuestion) -> str | None:
-    """What a continuation set draws ``q`` as: ``yes`` or ``no`` (a yes/no comparison that checks before
-    answering), ``unchecked`` (one that does not), ``category`` (a comparison by a category that checks, of
-    ``--categories``), or None."""
+    """What a continuation set draws ``q`` as: ``pair`` (of ``--pairs``), ``yes`` or ``no`` (a yes/no comparison
+    that checks before answering), ``unchecked`` (one that does not), ``category`` (a comparison by a category that
+    checks, of ``--categories``), or None."""
+    if q.source.endswith("-pairs"):
+        return "pair"
     if answer := yes_no(q.golden_answers):
         return "unchecked" if unchecked_yes_no(q) else answer
     return "category" if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0] else None
@@ -282,10 +306,11 @@ def continuation_set(
     cap: int | None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """``draw[kind]`` episodes of each kind drawn (``drawn_kind``: ``yes``, ``no``, ``category``), the shared sets'
-    first, beside the other episodes (at most ``cap`` of each source and class when given), shuffled together: the
-    set to go on training a policy on what it gets wrong (``run_sft.py --init_adapter``) while it rehearses what it
-    knew. Drawing yes/no episodes never draws or keeps an unchecked one: it teaches answering without reading."""
+    """``draw[kind]`` episodes of each kind drawn (``drawn_kind``: ``yes``, ``no``, ``category``, ``pair``), the
+    shared sets' first, beside the other episodes (at most ``cap`` of each source and class when given), shuffled
+    together: the set to go on training a policy on what it gets wrong (``run_sft.py --init_adapter``) while it
+    rehearses what it knew. Drawing yes/no episodes never draws or keeps an unchecked one: it teaches answering
+    without reading."""
     rng = random.Random(seed)
     kinds = {ep["id"]: drawn_kind(questions[ep["id"]]) for ep in episodes}
     left_out = set(draw) | ({"unchecked"} if {"yes", "no"} & set(draw) else set())

@@ -1,0 +1,113 @@
+"""Comparisons paired from the shared train parts' gold passages (``training/pairs.py``, ``gold.py --pairs``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from ps_agent.questions import SHARED_DATA, read_split, split_part
+from training.gold import continuation_set, drawn_kind, main
+from training.pairs import paired_questions, passage_kinds
+from training.plans import GoldQuestion
+from training.turns import answer_verdict
+
+PEOPLE = {
+    "Jo Park": "Jo Park (3 May 1901 – 9 June 1970) was an American film director and writer.",
+    "Bo Lee": "Bo Lee (born 12 March 1950) is an American actor. He played in ten films.",
+    "Ann Roe": "Ann Roe (1 April 1920 – 2 July 1999) was an English actress.",
+    "Kim Sun": "Kim Sun (born 1962) is a South Korean film director and screenwriter.",
+    "Eli Moss": "Eli Moss (born 1970) is an American film director.",
+}
+FILMS = {
+    "Blue Moon (1955 film)": "Blue Moon is a 1955 American drama film directed by Jo Park.",
+    "Red Sun": "Red Sun is a 1971 French western film.",
+}
+
+
+def test_a_passage_is_paired_for_what_its_lead_states():
+    assert passage_kinds('"Jo Park"\n' + PEOPLE["Jo Park"]) == {"born", "died", "nationality", "occupation"}
+    assert passage_kinds('"Bo Lee"\n' + PEOPLE["Bo Lee"]) == {"born", "nationality", "occupation"}  # living
+    assert passage_kinds('"Blue Moon"\n' + FILMS["Blue Moon (1955 film)"]) == {"film"}
+    # a film's year in parentheses is no life span, and a film dated by another date first is not paired
+    assert passage_kinds('"Lola"\nLola (1955) is a romance film by the director Max Ophüls.') == set()
+    assert passage_kinds('"Fog"\nShot in 1950, Fog is a 1952 British film.') == set()
+
+
+def write_set(folder, passages, validation_titles=()):
+    """A shared set whose train-part questions hold ``passages`` as gold, except ``validation_titles``, gold of a
+    validation-part question."""
+    folder.mkdir(parents=True)
+    ids = {title: f"p{i}" for i, title in enumerate(passages)}
+    parts = {"train": [], "validation": []}
+    n = 0
+    for title in passages:
+        part = "validation" if title in validation_titles else "train"
+        while split_part(f"q{n}") != part:
+            n += 1
+        parts[part].append({"id": f"q{n}", "question": "?", "golden_answers": ["x"], "type": "comparison",
+                            "supporting_titles": [title], "supporting_doc_ids": [ids[title]]})  # fmt: skip
+        n += 1
+    rows = parts["train"] + parts["validation"]
+    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = [{"id": ids[t], "contents": f'"{t}"\n{text}'} for t, text in passages.items()]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+
+
+def test_pairs_answer_by_the_dates_and_values_read_and_never_use_a_validation_gold_passage(tmp_path):
+    write_set(tmp_path / "set", PEOPLE | FILMS | {"Eve Kay": "Eve Kay (born 1 May 1930) is an American actress."},
+              validation_titles={"Eve Kay"})  # fmt: skip
+    gold = paired_questions("set", per_kind=4, root=tmp_path)
+    asked = Counter(q.id.split("-pair-")[1].rsplit("-", 1)[0] for q in gold.questions)
+    assert asked == {"born": 4, "died": 1, "film": 1, "nationality": 4, "occupation": 4}, asked  # pairs there are
+    for q in gold.questions:
+        assert "Eve Kay" not in q.question and q.source == "set-pairs" and answer_verdict(q) is not None, q
+        if q.golden_answers[0] not in ("yes", "no"):
+            assert q.golden_answers[0] in q.question
+    by_question = {q.question: q.golden_answers[0] for q in gold.questions}
+    died = next(q for q in by_question if "died" in q)
+    assert by_question[died] == ("Jo Park" if "first" in died or "earlier" in died else "Ann Roe"), died
+    film = next(q for q in by_question if "film" in q)
+    assert "Blue Moon or" in film or "or Blue Moon" in film  # the title's qualifier is not in the question
+    assert by_question[film] == ("Blue Moon" if any(w in film for w in ("first", "older")) else "Red Sun"), film
+    yes_no = Counter(a for a in by_question.values() if a in ("yes", "no"))
+    assert yes_no == {"yes": 4, "no": 4}, yes_no  # half of each yes/no kind
+
+
+def test_a_missing_shared_set_is_counted_not_raised(tmp_path):
+    gold = paired_questions("absent", per_kind=3, root=tmp_path)
+    assert gold.questions == [] and sum(gold.skipped.values()) == 1, gold.skipped
+
+
+def test_pairs_over_the_shared_train_parts_ask_both_ways_and_answer_either_name():
+    """Over real leads: every kind is made, both the first and the second name are answers (a policy that copies
+    the first name scores half), no gold passage of a validation question is read, and each is checked."""
+    held_out = {
+        i for r in read_split(SHARED_DATA / "hotpotqa/dev.jsonl", "validation") for i in r["supporting_doc_ids"]
+    }
+    gold = paired_questions("hotpotqa", per_kind=40)
+    kinds = Counter(q.id.split("-pair-")[1].rsplit("-", 1)[0] for q in gold.questions)
+    assert kinds == {k: 40 for k in ("born", "died", "film", "nationality", "occupation")}, kinds
+    named = [q for q in gold.questions if q.golden_answers[0] not in ("yes", "no")]
+    first = sum(q.question.split(", ", 1)[-1].startswith(q.golden_answers[0]) for q in named)
+    assert 0.3 < first / len(named) < 0.7, first
+    assert not {s["passage_id"] for q in gold.questions for s in q.plan[0]} & held_out
+    assert all(answer_verdict(q) is not None for q in gold.questions)
+
+
+def test_a_pairs_continuation_set_draws_pairs_beside_capped_others(capsys):
+    steps = [{"sub_question": "A", "finding": "1901"}, {"sub_question": "B", "finding": "1950"}]
+    questions = [
+        *(GoldQuestion(f"p{i}", "Who was born first, A or B?", ["A"], "comparison", [steps], "hotpotqa-pairs", "c")
+          for i in range(5)),
+        *(GoldQuestion(f"r{i}", "Who is older, A or B?", ["A"], "comparison", [steps], "hotpotqa", "c")
+          for i in range(5)),
+    ]  # fmt: skip
+    assert {drawn_kind(q) for q in questions} == {"pair", None}
+    episodes = [{"id": q.id, "source": q.source, "question_class": "parallelisable"} for q in questions]
+    kept = [ep["id"] for ep in continuation_set(episodes, {q.id: q for q in questions}, {"pair": 3}, cap=2)]
+    assert sum(i.startswith("p") for i in kept) == 3 and sum(i.startswith("r") for i in kept) == 2, kept
+    with pytest.raises(SystemExit):
+        main(["--pairs-drawn", "5"])
+    assert "--pairs 0 --pairs-drawn 5: expected counts >= 0, drawn from --pairs" in capsys.readouterr().err

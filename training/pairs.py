@@ -1,0 +1,256 @@
+"""Comparisons paired from the shared train parts' gold passages (``gold.py --pairs``).
+
+HotpotQA and 2Wiki ask their comparisons over two Wikipedia leads ("Who was born first, A or B?", "Are A and B of
+the same nationality?"), and their train parts hold about 180 of them: too few to learn to read real leads from
+(the synthetic worlds' passages are templates). The people and films among the train parts' gold passages pair
+into many more questions over the same kind of text. Each is made from two leads that state what it asks:
+
+- ``born`` and ``died``: a person's dates in the lead's opening parenthesis (``Jo Park (3 May 1901 – 9 June
+  1970) was …``), when they are the passage's first dates, the ones the teacher quotes;
+- ``film``: a film's year in its first sentence (``is a 1955 American film``), when it is the passage's first date;
+- ``nationality`` and ``occupation``: yes/no questions over what a person's first sentence says (``is an American
+  singer``), half answered yes and half no.
+
+No passage that is also a gold passage of the validation part is used. Each question's plan is read as a shared
+question's is (``plans.plan_from_titles``), and a question is kept only where the check the teacher spells out
+(``turns.answer_verdict``) gives its answer; the others are counted by reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from ps_agent.questions import SHARED_DATA, read_split
+from training.plans import GoldQuestion, GoldSet, passages_by_id, plan_from_titles
+from training.reading import (
+    asked_date,
+    asked_direction,
+    finding_value,
+    first_date,
+    nation_in,
+    passage_body,
+    plain_title,
+    quote,
+)
+from training.turns import answer_verdict
+
+#: what each kind asks, by the extreme it wants: the wordings HotpotQA and 2Wiki use
+_ASKED = {
+    "born": {
+        "earliest": ["Who was born first, {a} or {b}?", "Who is older, {a} or {b}?",
+                     "Who was born earlier, {a} or {b}?", "Which person was born first, {a} or {b}?"],
+        "latest": ["Who was born later, {a} or {b}?", "Who is younger, {a} or {b}?",
+                   "Who was born more recently, {a} or {b}?"],
+    },
+    "died": {
+        "earliest": ["Who died first, {a} or {b}?", "Who died earlier, {a} or {b}?"],
+        "latest": ["Who died later, {a} or {b}?", "Who died more recently, {a} or {b}?"],
+    },
+    "film": {
+        "earliest": ["Which film came out first, {a} or {b}?", "Which film was released first, {a} or {b}?",
+                     "Which film is older, {a} or {b}?"],
+        "latest": ["Which film came out later, {a} or {b}?", "Which film was released more recently, {a} or {b}?",
+                   "Which film is newer, {a} or {b}?"],
+    },
+}  # fmt: skip
+
+_SAME_NATION = [
+    "Are {a} and {b} of the same nationality?",
+    "Do {a} and {b} have the same nationality?",
+    "Were {a} and {b} from the same country?",
+]
+_BOTH = ["Are {a} and {b} both {plural}?", "Were {a} and {b} both {plural}?", "Are both {a} and {b} {plural}?"]
+
+#: occupations a person's first sentence names (``is an American film director``)
+_OCCUPATIONS = (
+    "actor",
+    "actress",
+    "singer",
+    "songwriter",
+    "musician",
+    "rapper",
+    "guitarist",
+    "drummer",
+    "bassist",
+    "pianist",
+    "composer",
+    "conductor",
+    "record producer",
+    "film producer",
+    "film director",
+    "director",
+    "screenwriter",
+    "writer",
+    "novelist",
+    "poet",
+    "playwright",
+    "journalist",
+    "author",
+    "comedian",
+    "dancer",
+    "model",
+    "painter",
+    "sculptor",
+    "photographer",
+    "architect",
+    "politician",
+    "diplomat",
+    "lawyer",
+    "judge",
+    "businessman",
+    "entrepreneur",
+    "footballer",
+    "cricketer",
+    "boxer",
+    "wrestler",
+    "golfer",
+    "swimmer",
+    "cyclist",
+    "tennis player",
+    "basketball player",
+    "engineer",
+    "mathematician",
+    "physicist",
+    "chemist",
+    "economist",
+    "historian",
+    "philosopher",
+    "astronaut",
+    "television presenter",
+)
+_OCCUPATION_RE = re.compile(r"\b(" + "|".join(sorted(_OCCUPATIONS, key=len, reverse=True)) + r")\b")  # longest first
+_PERSON_LEAD = re.compile(r"^[^()]{1,120}?\(([^()]{4,200})\)")
+_FILM_LEAD = re.compile(r"\b(?:is|was) an? (\d{4}) (?:[\w'-]+ ){0,4}film\b")
+
+
+def passage_kinds(contents: str) -> set[str]:
+    """The kinds of question a passage can be paired for: ``born`` (and ``died``) where its lead's opening
+    parenthesis holds the person's first dates, a life span or "born …" (``Lola Montès (1955) is a film`` is no
+    person), a life span for ``died``; ``nationality`` and ``occupation``
+    where such a person's first sentence names a country or an occupation, ``film`` where its first sentence
+    dates a film by the passage's first date."""
+    kinds: set[str] = set()
+    body, first = passage_body(contents), quote(contents)
+    date = first_date(contents)
+    lead = _PERSON_LEAD.search(body)
+    if date and lead and date in lead.group(1) and re.search(r"\bborn\b|\d\s*[–—-]\s*\S", lead.group(1)):
+        kinds.add("born")
+        if asked_date(contents, "Who died first?"):
+            kinds.add("died")
+        if nation_in(first):
+            kinds.add("nationality")
+        if occupation(first):
+            kinds.add("occupation")
+    film = _FILM_LEAD.search(first)
+    if film and date == film.group(1):
+        kinds.add("film")
+    return kinds
+
+
+def occupation(sentence: str) -> str | None:
+    """The first occupation a sentence names (``film director``), or None."""
+    found = _OCCUPATION_RE.search(sentence.lower())
+    return found.group(1) if found else None
+
+
+def _plural(noun: str) -> str:
+    if noun.endswith(("s", "sh", "ch", "x")):
+        return f"{noun}es"
+    return f"{noun[:-3]}men" if noun.endswith("man") else f"{noun}s"
+
+
+def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARED_DATA) -> GoldSet:
+    """Up to ``per_kind`` questions of each kind (``born``, ``died``, ``film``, ``nationality``, ``occupation``)
+    over pairs of the train part's gold passages of the shared set ``name``, as gold questions of the source
+    ``NAME-pairs``; the pairs a check does not decide are counted in ``skipped``."""
+    gold = GoldSet()
+    folder = root / name
+    if not (folder / "dev.jsonl").is_file() or not (folder / "corpus.jsonl").is_file():
+        gold.skipped[f"{name}-pairs: no dev.jsonl and corpus.jsonl in {folder}"] += 1
+        return gold
+    passages = passages_by_id(folder / "corpus.jsonl")
+    held_out = {i for r in read_split(folder / "dev.jsonl", "validation") for i in r["supporting_doc_ids"] or []}
+    train = {i for r in read_split(folder / "dev.jsonl", "train") for i in r["supporting_doc_ids"] or []}
+    titles = {i: _title(passages[i]) for i in train if i in passages}
+    pool: dict[str, list[str]] = {}
+    for i in sorted(set(titles) - held_out):
+        if re.search(r"\b(or|and)\b|\?", titles[i]):  # a name that would read as two in "A or B?"
+            continue
+        for kind in passage_kinds(passages[i]):
+            pool.setdefault(kind, []).append(i)
+    rng = random.Random(seed)
+    makers: dict[str, Callable[[str, str, str, str], tuple[str, str] | None]] = {
+        "born": functools.partial(_dated, "born"),
+        "died": functools.partial(_dated, "died"),
+        "film": functools.partial(_dated, "film"),
+        "nationality": _same_nation,
+        "occupation": _both,
+    }
+    for kind, make in makers.items():
+        ids, made, seen, answers = pool.get(kind, []), 0, set(), Counter()
+        for _ in range(per_kind * 20 if len(ids) > 1 else 0):
+            if made >= per_kind:
+                break
+            a, b = rng.sample(ids, 2)
+            if frozenset((a, b)) in seen or titles[a] == titles[b]:
+                continue
+            seen.add(frozenset((a, b)))
+            asked = make(passages[a], passages[b], titles[a], titles[b], rng)
+            if asked is None:
+                continue
+            question, answer = asked
+            if answer in ("yes", "no") and answers[answer] >= (per_kind + 1) // 2:  # a yes/no kind: half of each
+                continue
+            record = {
+                "question": question, "golden_answers": [answer], "type": "comparison",
+                "supporting_titles": [_title(passages[a], plain=False), _title(passages[b], plain=False)],
+                "supporting_doc_ids": [a, b],
+            }  # fmt: skip
+            plan = plan_from_titles(record, passages)
+            corpus = str(folder / "corpus.jsonl")
+            q = GoldQuestion(
+                f"{name}-pair-{kind}-{made}", question, [answer], "comparison", plan, f"{name}-pairs", corpus
+            )
+            if isinstance(plan, str) or answer_verdict(q) is None:
+                gold.skipped[f"{name}-pairs: a {kind} pair the teacher's check does not decide"] += 1
+                continue
+            gold.questions.append(q)
+            answers[answer] += 1
+            made += 1
+    return gold
+
+
+def _title(contents: str, plain: bool = True) -> str:
+    """A corpus passage's title (``plain``: without its qualifier, as a question names it)."""
+    title = contents.split("\n", 1)[0].strip('"')
+    return plain_title(title) if plain else title
+
+
+def _dated(kind: str, a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str] | None:
+    """Which of two comes first or last, by the dates the teacher reads for the question; None on a tie."""
+    wanted = rng.choice(["earliest", "latest"])
+    question = rng.choice(_ASKED[kind][wanted]).format(a=name_a, b=name_b)
+    first, second = (finding_value(asked_date(p, question)) for p in (a, b))
+    if first is None or second is None or first == second or asked_direction(question, True) != wanted:
+        return None
+    return question, name_a if (first < second) == (wanted == "earliest") else name_b
+
+
+def _same_nation(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str]:
+    same = nation_in(quote(a)) == nation_in(quote(b))
+    return rng.choice(_SAME_NATION).format(a=name_a, b=name_b), "yes" if same else "no"
+
+
+def _both(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str] | None:
+    """Whether both are what the first one's first sentence names; None where the second names no other."""
+    asked, other = occupation(quote(a)), occupation(quote(b))
+    if asked is None or other is None:
+        return None
+    if other != asked and re.search(rf"\b{re.escape(asked)}", passage_body(b).lower()):
+        return None  # the other's passage says it further on: "not both" would be wrong
+    return rng.choice(_BOTH).format(plural=_plural(asked), a=name_a, b=name_b), "yes" if other == asked else "no"
