@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from ps_agent.questions import SHARED_DATA, read_split, split_part
-from training.gold import continuation_set, drawn_kind, main
+from training.gold import build_episodes, continuation_set, drawn_kind, main
 from training.pairs import paired_questions, passage_kinds
 from training.plans import GoldQuestion
 from training.turns import answer_verdict
@@ -111,3 +111,19 @@ def test_a_pairs_continuation_set_draws_pairs_beside_capped_others(capsys):
     with pytest.raises(SystemExit):
         main(["--pairs-drawn", "5"])
     assert "--pairs 0 --pairs-drawn 5: expected counts >= 0, drawn from --pairs" in capsys.readouterr().err
+
+
+def test_paired_questions_become_gold_episodes_that_read_both_leads_and_check_before_answering(smollm2_path):
+    """Through the real graph over HotpotQA's corpus: each pair searches both names in one round, retrieves both
+    gold passages, and spells out its check before the answer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    gold = paired_questions("hotpotqa", per_kind=2)
+    episodes, skipped = build_episodes(gold.questions, "parallel", tokenizer, max_length=4096)
+    assert len(episodes) + sum(skipped.values()) == 10 and len(episodes) >= 8, skipped
+    for ep in episodes:
+        text = tokenizer.decode(ep["completion_ids"])
+        assert text.count("<search>") == 1 and " ## " in text.split("<search>")[1].split("</search>")[0], text
+        answer_turn = text.rsplit("</information>", 1)[1]
+        assert "The question asks" in answer_turn and "<answer>" in answer_turn, answer_turn
