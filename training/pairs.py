@@ -129,11 +129,11 @@ _FILM_LEAD = re.compile(r"\b(?:is|was) an? (\d{4}) (?:[\w'-]+ ){0,4}film\b")
 
 
 def passage_kinds(contents: str) -> set[str]:
-    """The kinds of question a passage can be paired for: ``born`` (and ``died``) where its lead's opening
-    parenthesis holds the person's first dates, a life span or "born …" (``Lola Montès (1955) is a film`` is no
-    person), a life span for ``died``; ``nationality`` and ``occupation``
-    where such a person's first sentence names a country or an occupation, ``film`` where its first sentence
-    dates a film by the passage's first date."""
+    """The kinds of question a passage can be paired for:
+    - ``born``: its lead's opening parenthesis holds the passage's first date, in a life span or after "born"
+      (``Lola Montès (1955) is a film`` is no person); ``died`` as well where it is a life span;
+    - ``nationality`` and ``occupation``: such a person's first sentence names a country or an occupation;
+    - ``film``: its first sentence dates a film by the passage's first date (``is a 1955 American film``)."""
     kinds: set[str] = set()
     body, first = passage_body(contents), quote(contents)
     date = first_date(contents)
@@ -159,6 +159,7 @@ def occupation(sentence: str) -> str | None:
 
 
 def _plural(noun: str) -> str:
+    """``actress`` → ``actresses``, ``businessman`` → ``businessmen``, ``singer`` → ``singers``."""
     if noun.endswith(("s", "sh", "ch", "x")):
         return f"{noun}es"
     return f"{noun[:-3]}men" if noun.endswith("man") else f"{noun}s"
