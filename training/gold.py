@@ -41,7 +41,7 @@ from ps_agent.questions import plan_rounds, question_class, yes_no
 from ps_agent.runner import run_sync
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import MAX_LENGTH, add_agent_arguments
-from training.pairs import paired_questions
+from training.pairs import SOURCE_SUFFIX, paired_questions
 from training.plans import (
     SHARED_SETS,
     WORLD_ENTITIES,
@@ -292,7 +292,7 @@ def drawn_kind(q: GoldQuestion) -> str | None:
     """What a continuation set draws ``q`` as: ``pair`` (of ``--pairs``), ``yes`` or ``no`` (a yes/no comparison
     that checks before answering), ``unchecked`` (one that does not), ``category`` (a comparison by a category that
     checks, of ``--categories``), or None."""
-    if q.source.endswith("-pairs"):
+    if q.source.endswith(SOURCE_SUFFIX):
         return "pair"
     if answer := yes_no(q.golden_answers):
         return "unchecked" if unchecked_yes_no(q) else answer

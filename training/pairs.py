@@ -39,6 +39,9 @@ from training.reading import (
 )
 from training.turns import answer_verdict
 
+#: what the source of a paired question ends with (``hotpotqa-pairs``)
+SOURCE_SUFFIX = "-pairs"
+
 #: what each kind asks, by the extreme it wants: the wordings HotpotQA and 2Wiki use
 _ASKED = {
     "born": {
@@ -68,61 +71,14 @@ _BOTH = ["Are {a} and {b} both {plural}?", "Were {a} and {b} both {plural}?", "A
 
 #: occupations a person's first sentence names (``is an American film director``)
 _OCCUPATIONS = (
-    "actor",
-    "actress",
-    "singer",
-    "songwriter",
-    "musician",
-    "rapper",
-    "guitarist",
-    "drummer",
-    "bassist",
-    "pianist",
-    "composer",
-    "conductor",
-    "record producer",
-    "film producer",
-    "film director",
-    "director",
-    "screenwriter",
-    "writer",
-    "novelist",
-    "poet",
-    "playwright",
-    "journalist",
-    "author",
-    "comedian",
-    "dancer",
-    "model",
-    "painter",
-    "sculptor",
-    "photographer",
-    "architect",
-    "politician",
-    "diplomat",
-    "lawyer",
-    "judge",
-    "businessman",
-    "entrepreneur",
-    "footballer",
-    "cricketer",
-    "boxer",
-    "wrestler",
-    "golfer",
-    "swimmer",
-    "cyclist",
-    "tennis player",
-    "basketball player",
-    "engineer",
-    "mathematician",
-    "physicist",
-    "chemist",
-    "economist",
-    "historian",
-    "philosopher",
-    "astronaut",
-    "television presenter",
-)
+    "actor", "actress", "singer", "songwriter", "musician", "rapper", "guitarist", "drummer", "bassist", "pianist",
+    "composer", "conductor", "record producer", "film producer", "film director", "director", "screenwriter",
+    "writer", "novelist", "poet", "playwright", "journalist", "author", "comedian", "dancer", "model", "painter",
+    "sculptor", "photographer", "architect", "politician", "diplomat", "lawyer", "judge", "businessman",
+    "entrepreneur", "footballer", "cricketer", "boxer", "wrestler", "golfer", "swimmer", "cyclist", "tennis player",
+    "basketball player", "engineer", "mathematician", "physicist", "chemist", "economist", "historian",
+    "philosopher", "astronaut", "television presenter",
+)  # fmt: skip
 _OCCUPATION_RE = re.compile(r"\b(" + "|".join(sorted(_OCCUPATIONS, key=len, reverse=True)) + r")\b")  # longest first
 _PERSON_LEAD = re.compile(r"^[^()]{1,120}?\(([^()]{4,200})\)")
 _FILM_LEAD = re.compile(r"\b(?:is|was) an? (\d{4}) (?:[\w'-]+ ){0,4}film\b")
@@ -172,7 +128,7 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
     gold = GoldSet()
     folder = root / name
     if not (folder / "dev.jsonl").is_file() or not (folder / "corpus.jsonl").is_file():
-        gold.skipped[f"{name}-pairs: no dev.jsonl and corpus.jsonl in {folder}"] += 1
+        gold.skipped[f"{name}{SOURCE_SUFFIX}: no dev.jsonl and corpus.jsonl in {folder}"] += 1
         return gold
     passages = passages_by_id(folder / "corpus.jsonl")
     held_out = {i for r in read_split(folder / "dev.jsonl", "validation") for i in r["supporting_doc_ids"] or []}
@@ -185,7 +141,8 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
         for kind in passage_kinds(passages[i]):
             pool.setdefault(kind, []).append(i)
     rng = random.Random(seed)
-    makers: dict[str, Callable[[str, str, str, str], tuple[str, str] | None]] = {
+    source, corpus = f"{name}{SOURCE_SUFFIX}", str(folder / "corpus.jsonl")
+    makers: dict[str, Callable[..., tuple[str, str] | None]] = {  # (passage a, passage b, name a, name b, rng)
         "born": functools.partial(_dated, "born"),
         "died": functools.partial(_dated, "died"),
         "film": functools.partial(_dated, "film"),
@@ -213,12 +170,9 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
                 "supporting_doc_ids": [a, b],
             }  # fmt: skip
             plan = plan_from_titles(record, passages)
-            corpus = str(folder / "corpus.jsonl")
-            q = GoldQuestion(
-                f"{name}-pair-{kind}-{made}", question, [answer], "comparison", plan, f"{name}-pairs", corpus
-            )
+            q = GoldQuestion(f"{name}-pair-{kind}-{made}", question, [answer], "comparison", plan, source, corpus)
             if isinstance(plan, str) or answer_verdict(q) is None:
-                gold.skipped[f"{name}-pairs: a {kind} pair the teacher's check does not decide"] += 1
+                gold.skipped[f"{source}: a {kind} pair the teacher's check does not decide"] += 1
                 continue
             gold.questions.append(q)
             answers[answer] += 1
