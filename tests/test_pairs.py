@@ -36,14 +36,13 @@ def test_a_passage_is_paired_for_what_its_lead_states():
 
 
 def write_set(folder, passages, validation_titles=()):
-    """A shared set whose train-part questions hold ``passages`` as gold, except ``validation_titles``, gold of a
-    validation-part question."""
+    """A shared set whose train-part questions hold ``passages`` as gold; ``validation_titles`` are the gold of a
+    validation-part question as well (two questions can share a gold passage)."""
     folder.mkdir(parents=True)
     ids = {title: f"p{i}" for i, title in enumerate(passages)}
     parts = {"train": [], "validation": []}
     n = 0
-    for title in passages:
-        part = "validation" if title in validation_titles else "train"
+    for title, part in [(t, "train") for t in passages] + [(t, "validation") for t in validation_titles]:
         while split_part(f"q{n}") != part:
             n += 1
         parts[part].append({"id": f"q{n}", "question": "?", "golden_answers": ["x"], "type": "comparison",
@@ -127,3 +126,12 @@ def test_paired_questions_become_gold_episodes_that_read_both_leads_and_check_be
         assert text.count("<search>") == 1 and " ## " in text.split("<search>")[1].split("</search>")[0], text
         answer_turn = text.rsplit("</information>", 1)[1]
         assert "The question asks" in answer_turn and "<answer>" in answer_turn, answer_turn
+
+
+def test_a_gold_passage_of_a_validation_question_is_never_paired(tmp_path):
+    """Three people of train questions, one of them gold of a validation question too: of the three pairs only the
+    one without it is asked."""
+    people = {t: PEOPLE[t] for t in ("Jo Park", "Bo Lee")} | {"Eve Kay": "Eve Kay (born 1 May 1930) is an actress."}
+    write_set(tmp_path / "set", people, validation_titles={"Eve Kay"})
+    born = [q for q in paired_questions("set", per_kind=10, root=tmp_path).questions if "-pair-born-" in q.id]
+    assert len(born) == 1 and "Eve Kay" not in born[0].question, [q.question for q in born]
