@@ -58,11 +58,12 @@ def test_pairs_answer_by_the_dates_and_values_read_and_never_use_a_validation_go
     write_set(tmp_path / "set", PEOPLE | FILMS | {"Eve Kay": "Eve Kay (born 1 May 1930) is an American actress."},
               validation_titles={"Eve Kay"})  # fmt: skip
     gold = paired_questions("set", per_kind=4, root=tmp_path)
-    asked = Counter(q.id.split("-pair-")[1].rsplit("-", 1)[0] for q in gold.questions)
-    assert asked == {"born": 4, "died": 1, "film": 1, "nationality": 4, "occupation": 4}, asked  # pairs there are
+    asked = Counter(kind_of(q) for q in gold.questions)
+    # the pairs there are; what both name, one question per value: "film director" (of 3 pairs), "American" (of 3)
+    assert asked == {"born": 4, "died": 1, "film": 1, "nationality": 4, "occupation": 4, "shared": 1, "demonym": 1}
     for q in gold.questions:
         assert "Eve Kay" not in q.question and q.source == "set-pairs" and answer_verdict(q) is not None, q
-        if q.golden_answers[0] not in ("yes", "no"):
+        if kind_of(q) in ("born", "died", "film"):
             assert q.golden_answers[0] in q.question
     by_question = {q.question: q.golden_answers[0] for q in gold.questions}
     died = next(q for q in by_question if "died" in q)
@@ -72,6 +73,34 @@ def test_pairs_answer_by_the_dates_and_values_read_and_never_use_a_validation_go
     assert by_question[film] == ("Blue Moon" if any(w in film for w in ("first", "older")) else "Red Sun"), film
     yes_no = Counter(a for a in by_question.values() if a in ("yes", "no"))
     assert yes_no == {"yes": 4, "no": 4}, yes_no  # half of each yes/no kind
+
+
+def kind_of(q: GoldQuestion) -> str:
+    return q.id.split("-pair-")[1].rsplit("-", 1)[0]
+
+
+def test_what_both_share_is_asked_where_the_leads_name_exactly_one_value_in_common(tmp_path):
+    """The one profession, sport or demonym both first sentences name, checked before answering; pairs that name
+    "director" beside "film director", or an "Italian-American", are not asked."""
+    people = {
+        "Al Voss": "Al Voss (born 1950) is an American actor and film director.",
+        "Cy Ward": "Cy Ward (born 1960) is an American actor and director.",  # director or film director: not asked
+        "Di Hale": "Di Hale (born 1970) is an Italian-American actor.",
+        "Ed Ross": "Ed Ross (born 1940) is an English tennis player.",
+        "Fi Kerr": "Fi Kerr (born 1945) is an English tennis player and coach.",
+    }
+    write_set(tmp_path / "set", people)
+    gold = paired_questions("set", per_kind=6, root=tmp_path)
+    shared = {frozenset(s["sub_question"] for s in q.plan[0]): q for q in gold.questions if kind_of(q) == "shared"}
+    assert set(shared) == {frozenset(("Al Voss", "Di Hale")), frozenset(("Cy Ward", "Di Hale")),
+                           frozenset(("Ed Ross", "Fi Kerr"))}, set(shared)  # fmt: skip
+    tennis = shared[frozenset(("Ed Ross", "Fi Kerr"))]
+    assert tennis.golden_answers == ["tennis"] and "sport" in tennis.question, tennis
+    assert {q.golden_answers[0] for q in shared.values()} == {"actor", "tennis"}
+    assert answer_verdict(tennis).endswith("Both: tennis player."), answer_verdict(tennis)
+    nations = {(q.golden_answers[0], *sorted(s["sub_question"] for s in q.plan[0]))
+               for q in gold.questions if kind_of(q) == "demonym"}  # fmt: skip
+    assert nations == {("American", "Al Voss", "Cy Ward"), ("English", "Ed Ross", "Fi Kerr")}, nations
 
 
 def test_a_missing_shared_set_is_counted_not_raised(tmp_path):
@@ -86,9 +115,12 @@ def test_pairs_over_the_shared_train_parts_ask_both_ways_and_answer_either_name(
         i for r in read_split(SHARED_DATA / "hotpotqa/dev.jsonl", "validation") for i in r["supporting_doc_ids"]
     }
     gold = paired_questions("hotpotqa", per_kind=40)
-    kinds = Counter(q.id.split("-pair-")[1].rsplit("-", 1)[0] for q in gold.questions)
-    assert kinds == {k: 40 for k in ("born", "died", "film", "nationality", "occupation")}, kinds
-    named = [q for q in gold.questions if q.golden_answers[0] not in ("yes", "no")]
+    kinds = Counter(kind_of(q) for q in gold.questions)
+    assert kinds == {k: 40 for k in ("born", "died", "film", "nationality", "occupation", "shared")} | {"demonym": 22}
+    for kind in ("shared", "demonym"):  # no value answers more than a third of a kind: not every one "American"
+        values = Counter(q.golden_answers[0] for q in gold.questions if kind_of(q) == kind)
+        assert len(values) >= 4 and max(values.values()) <= 13, values
+    named = [q for q in gold.questions if kind_of(q) in ("born", "died", "film")]
     first = sum(q.question.split(", ", 1)[-1].startswith(q.golden_answers[0]) for q in named)
     assert 0.3 < first / len(named) < 0.7, first
     assert not {s["passage_id"] for q in gold.questions for s in q.plan[0]} & held_out
@@ -120,7 +152,8 @@ def test_paired_questions_become_gold_episodes_that_read_both_leads_and_check_be
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     gold = paired_questions("hotpotqa", per_kind=2)
     episodes, skipped = build_episodes(gold.questions, "parallel", tokenizer, max_length=4096)
-    assert len(episodes) + sum(skipped.values()) == 10 and len(episodes) >= 8, skipped
+    # two of each kind but the demonyms: a value answers a third of its kind at most, so one "American"
+    assert len(episodes) + sum(skipped.values()) == 13 and len(episodes) >= 11, skipped
     for ep in episodes:
         text = tokenizer.decode(ep["completion_ids"])
         assert text.count("<search>") == 1 and " ## " in text.split("<search>")[1].split("</search>")[0], text

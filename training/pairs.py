@@ -9,7 +9,10 @@ into many more questions over the same kind of text. Each is made from two leads
   1970) was …``), when they are the passage's first dates, the ones the teacher quotes;
 - ``film``: a film's year in its first sentence (``is a 1955 American film``), when it is the passage's first date;
 - ``nationality`` and ``occupation``: yes/no questions over what a person's first sentence says (``is an American
-  singer``), half answered yes and half no.
+  singer``), half answered yes and half no;
+- ``shared`` and ``demonym``: what two people's first sentences both name, asked as HotpotQA asks it ("What
+  profession do A and B share?" → ``actor``, "What sport is played by both A and B?" → ``tennis``, "A and B are
+  both this nationality?" → ``American``), where they name exactly one such value in common.
 
 No passage that is also a gold passage of the validation part is used. Each question's plan is read as a shared
 question's is (``plans.plan_from_titles``), and a question is kept only where the check the teacher spells out
@@ -30,6 +33,7 @@ from training.plans import GoldQuestion, GoldSet, passages_by_id, plan_from_titl
 from training.reading import (
     asked_date,
     asked_direction,
+    demonym,
     finding_value,
     first_date,
     nation_in,
@@ -41,6 +45,12 @@ from training.turns import answer_verdict
 
 #: what the source of a paired question ends with (``hotpotqa-pairs``)
 SOURCE_SUFFIX = "-pairs"
+
+#: a paired question, its answer, and the check its answer turn spells out where ``answer_verdict`` has none
+Asked = tuple[str, str, str | None]
+
+#: the passages a kind is paired from, where they are another kind's
+_POOL = {"shared": "occupation", "demonym": "nationality"}
 
 #: what each kind asks, by the extreme it wants: the wordings HotpotQA and 2Wiki use
 _ASKED = {
@@ -68,6 +78,13 @@ _SAME_NATION = [
     "Were {a} and {b} from the same country?",
 ]
 _BOTH = ["Are {a} and {b} both {plural}?", "Were {a} and {b} both {plural}?", "Are both {a} and {b} {plural}?"]
+_SHARED = {
+    "profession": ["What profession do {a} and {b} share?", "What profession did {a} and {b} have in common?",
+                   "What occupation do {a} and {b} have in common?"],
+    "sport": ["What sport is played by both {a} and {b}?", "What sport did {a} and {b} both play?"],
+    "nationality": ["{a} and {b} are both this nationality?", "What nationality are both {a} and {b}?",
+                    "What nationality do {a} and {b} share?"],
+}  # fmt: skip
 
 #: occupations a person's first sentence names (``is an American film director``)
 _OCCUPATIONS = (
@@ -79,6 +96,11 @@ _OCCUPATIONS = (
     "basketball player", "engineer", "mathematician", "physicist", "chemist", "economist", "historian",
     "philosopher", "astronaut", "television presenter",
 )  # fmt: skip
+#: the sport an occupation plays (``tennis player`` → tennis)
+_SPORTS = {
+    "footballer": "football", "cricketer": "cricket", "boxer": "boxing", "wrestler": "wrestling", "golfer": "golf",
+    "swimmer": "swimming", "cyclist": "cycling", "tennis player": "tennis", "basketball player": "basketball",
+}  # fmt: skip
 _OCCUPATION_RE = re.compile(r"\b(" + "|".join(sorted(_OCCUPATIONS, key=len, reverse=True)) + r")\b")  # longest first
 _PERSON_LEAD = re.compile(r"^[^()]{1,120}?\(([^()]{4,200})\)")
 _FILM_LEAD = re.compile(r"\b(?:is|was) an? (\d{4}) (?:[\w'-]+ ){0,4}film\b")
@@ -114,6 +136,11 @@ def occupation(sentence: str) -> str | None:
     return found.group(1) if found else None
 
 
+def occupations(sentence: str) -> list[str]:
+    """Every occupation a sentence names, in order (``actor, screenwriter and film director``)."""
+    return list(dict.fromkeys(_OCCUPATION_RE.findall(sentence.lower())))
+
+
 def _plural(noun: str) -> str:
     """``actress`` → ``actresses``, ``businessman`` → ``businessmen``, ``singer`` → ``singers``."""
     if noun.endswith(("s", "sh", "ch", "x")):
@@ -122,7 +149,8 @@ def _plural(noun: str) -> str:
 
 
 def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARED_DATA) -> GoldSet:
-    """Up to ``per_kind`` questions of each kind (``born``, ``died``, ``film``, ``nationality``, ``occupation``)
+    """Up to ``per_kind`` questions of each kind (``born``, ``died``, ``film``, ``nationality``, ``occupation``,
+    ``shared``, ``demonym``)
     over pairs of the train part's gold passages of the shared set ``name``, as gold questions of the source
     ``NAME-pairs``; the pairs a check does not decide are counted in ``skipped``."""
     gold = GoldSet()
@@ -142,15 +170,17 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
             pool.setdefault(kind, []).append(i)
     rng = random.Random(seed)
     source, corpus = f"{name}{SOURCE_SUFFIX}", str(folder / "corpus.jsonl")
-    makers: dict[str, Callable[..., tuple[str, str] | None]] = {  # (passage a, passage b, name a, name b, rng)
+    makers: dict[str, Callable[..., Asked | None]] = {  # (passage a, passage b, name a, name b, rng)
         "born": functools.partial(_dated, "born"),
         "died": functools.partial(_dated, "died"),
         "film": functools.partial(_dated, "film"),
         "nationality": _same_nation,
         "occupation": _both,
+        "shared": _shared_occupation,
+        "demonym": _shared_demonym,
     }
     for kind, make in makers.items():
-        ids, made, seen, answers = pool.get(kind, []), 0, set(), Counter()
+        ids, made, seen, answers = pool.get(_POOL.get(kind, kind), []), 0, set(), Counter()
         for _ in range(per_kind * 20 if len(ids) > 1 else 0):
             if made >= per_kind:
                 break
@@ -161,15 +191,17 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
             asked = make(passages[a], passages[b], titles[a], titles[b], rng)
             if asked is None:
                 continue
-            question, answer = asked
-            if answer in ("yes", "no") and answers[answer] >= (per_kind + 1) // 2:  # a yes/no kind: half of each
-                continue
+            question, answer, check = asked
+            if answers[answer] >= (per_kind + 1) // (2 if answer in ("yes", "no") else 3):
+                continue  # a yes/no kind: half of each; a value: a third at most (not every nationality American)
             record = {
                 "question": question, "golden_answers": [answer], "type": "comparison",
                 "supporting_titles": [_title(passages[a], plain=False), _title(passages[b], plain=False)],
                 "supporting_doc_ids": [a, b],
             }  # fmt: skip
             plan = plan_from_titles(record, passages)
+            if check and not isinstance(plan, str):
+                plan[-1][0]["check"] = check  # what both name, read the way a category check is (``answer_verdict``)
             q = GoldQuestion(f"{name}-pair-{kind}-{made}", question, [answer], "comparison", plan, source, corpus)
             if isinstance(plan, str) or answer_verdict(q) is None:
                 gold.skipped[f"{source}: a {kind} pair the teacher's check does not decide"] += 1
@@ -186,26 +218,51 @@ def _title(contents: str, plain: bool = True) -> str:
     return plain_title(title) if plain else title
 
 
-def _dated(kind: str, a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str] | None:
+def _dated(kind: str, a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked | None:
     """Which of two comes first or last, by the dates the teacher reads for the question; None on a tie."""
     wanted = rng.choice(["earliest", "latest"])
     question = rng.choice(_ASKED[kind][wanted]).format(a=name_a, b=name_b)
     first, second = (finding_value(asked_date(p, question)) for p in (a, b))
     if first is None or second is None or first == second or asked_direction(question, True) != wanted:
         return None
-    return question, name_a if (first < second) == (wanted == "earliest") else name_b
+    return question, name_a if (first < second) == (wanted == "earliest") else name_b, None
 
 
-def _same_nation(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str]:
+def _same_nation(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked:
     same = nation_in(quote(a)) == nation_in(quote(b))
-    return rng.choice(_SAME_NATION).format(a=name_a, b=name_b), "yes" if same else "no"
+    return rng.choice(_SAME_NATION).format(a=name_a, b=name_b), "yes" if same else "no", None
 
 
-def _both(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> tuple[str, str] | None:
+def _both(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked | None:
     """Whether both are what the first one's first sentence names; None where the second names no other."""
     asked, other = occupation(quote(a)), occupation(quote(b))
     if asked is None or other is None:
         return None
     if other != asked and re.search(rf"\b{re.escape(asked)}", passage_body(b).lower()):
         return None  # the other's passage says it further on: "not both" would be wrong
-    return rng.choice(_BOTH).format(plural=_plural(asked), a=name_a, b=name_b), "yes" if other == asked else "no"
+    return rng.choice(_BOTH).format(plural=_plural(asked), a=name_a, b=name_b), "yes" if other == asked else "no", None
+
+
+def _shared_occupation(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked | None:
+    """What profession (or sport) both first sentences name, where they name exactly one in common."""
+    first, second = occupations(quote(a)), occupations(quote(b))
+    shared = [o for o in first if o in second]
+    heads = {o.split()[-1] for o in first} & {o.split()[-1] for o in second}  # "director" and "film director"
+    if len(shared) != 1 or len(heads) != 1:
+        return None
+    sport = _SPORTS.get(shared[0])
+    asked, answer = ("sport", sport) if sport else ("profession", shared[0])
+    check = (
+        f"The question asks what {asked} both share. {name_a}: {', '.join(first)}; {name_b}: {', '.join(second)}. "
+        f"Both: {shared[0]}."
+    )
+    return rng.choice(_SHARED[asked]).format(a=name_a, b=name_b), answer, check
+
+
+def _shared_demonym(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked | None:
+    """The nationality both first sentences name by the same demonym (``English``)."""
+    first, second = demonym(quote(a)), demonym(quote(b))
+    if first is None or first != second or any(re.search(rf"\b{first}-", quote(p)) for p in (a, b)):
+        return None  # none, two, or "Italian-American"
+    check = f"The question asks what nationality both share. {name_a}: {first}; {name_b}: {second}. Both: {first}."
+    return rng.choice(_SHARED["nationality"]).format(a=name_a, b=name_b), first, check

@@ -9,6 +9,7 @@ entity or the answer (``quote``), a compared entity's first sentence and the one
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
@@ -328,6 +329,16 @@ _NATION_OF = {
     for word in words.split(", ")
 }
 
+
+def _demonyms(country: str, words: str) -> list[str]:
+    """The words of a line of ``_NATIONS_TEXT`` before the country's own name: its demonyms."""
+    name = normalised(country)
+    return list(itertools.takewhile(lambda word: word != name, words.split(", ")))
+
+
+#: ``american``, ``south korean``: what ``demonym`` answers with
+_DEMONYMS = frozenset(word for line in _NATIONS_TEXT.strip().splitlines() for word in _demonyms(*line.split(": ")))
+
 _NATION_RE = re.compile(r"\b(" + "|".join(sorted(_NATION_OF, key=len, reverse=True)) + r")\b")
 
 
@@ -335,3 +346,10 @@ def nation_in(text: str) -> str | None:
     """The first country a sentence names or implies by a demonym (``a Chilean film director`` → Chile)."""
     found = _NATION_RE.search(normalised(text))
     return _NATION_OF[found.group(1)] if found else None
+
+
+def demonym(text: str) -> str | None:
+    """The demonym a text's first country is named by (``a Chilean film director`` → Chilean), or None where it is
+    named otherwise (``born in Chile``) or not at all."""
+    found = _NATION_RE.search(normalised(text))
+    return found.group(1).title() if found and found.group(1) in _DEMONYMS else None
