@@ -142,6 +142,15 @@ def test_a_pairs_continuation_set_draws_pairs_beside_capped_others(capsys):
     with pytest.raises(SystemExit):
         main(["--pairs-drawn", "5"])
     assert "--pairs 0 --pairs-drawn 5: expected counts >= 0, drawn from --pairs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--pairs", "5", "--pair-kinds", "born,height"])
+    assert "--pair-kinds born,height: expected some of born,died,film," in capsys.readouterr().err
+
+
+def test_pairs_are_made_of_the_kinds_asked_for(tmp_path):
+    write_set(tmp_path / "set", PEOPLE | FILMS)
+    gold = paired_questions("set", per_kind=4, root=tmp_path, kinds=("film", "shared"))
+    assert Counter(kind_of(q) for q in gold.questions) == {"film": 1, "shared": 1}
 
 
 def test_paired_questions_become_gold_episodes_that_read_both_leads_and_check_before_answering(smollm2_path):

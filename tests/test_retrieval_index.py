@@ -311,17 +311,19 @@ def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path
 
 
 @pytest.mark.parametrize("started", ["float32", "bfloat16"])  # on any CPU, one of them is not what auto picks
-def test_a_continued_build_encodes_in_the_dtype_it_started_in_and_refuses_another_by_name(corpus, tmp_path, started):
+def test_a_continued_build_encodes_in_the_dtype_it_started_in_and_refuses_another_by_name(passages, tmp_path, started):
+    corpus = tmp_path / "corpus.jsonl"  # 40 passages in 3 shards: a CPU without native bf16 encodes it slowly
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages[:40]))
     out = tmp_path / "index"
-    build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype=started)
+    build_index(corpus, out, ["flat"], progress=False, shard_size=16, dtype=started)
     first = np.load(out / "embeddings" / "00002.npy")
     for path in (out / "embeddings" / "00002.npy", out / "flat.faiss", out / "manifest.json"):
         path.unlink()  # as a build killed while encoding its last shard leaves it
     other = "bfloat16" if started == "float32" else "float32"
     with pytest.raises(IndexMismatch, match=f"encoded in {started}.*--dtype {other}.*continue with --dtype {started}"):
-        build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype=other)
+        build_index(corpus, out, ["flat"], progress=False, shard_size=16, dtype=other)
 
-    manifest = build_index(corpus, out, ["flat"], progress=False, shard_size=64, dtype="auto")
+    manifest = build_index(corpus, out, ["flat"], progress=False, shard_size=16, dtype="auto")
     assert manifest["encoder_dtype"] == started
     np.testing.assert_allclose(np.load(out / "embeddings" / "00002.npy"), first, atol=1e-6)
 

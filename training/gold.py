@@ -41,7 +41,7 @@ from ps_agent.questions import plan_rounds, question_class, yes_no
 from ps_agent.runner import run_sync
 from ps_agent.synthetic import TRAIN_SEEDS
 from training.arguments import MAX_LENGTH, add_agent_arguments
-from training.pairs import SOURCE_SUFFIX, paired_questions
+from training.pairs import PAIR_KINDS, SOURCE_SUFFIX, paired_questions
 from training.plans import (
     SHARED_SETS,
     WORLD_ENTITIES,
@@ -172,8 +172,15 @@ def main(argv: list[str] | None = None) -> Path:
         "--pairs",
         type=int,
         default=0,
-        help="N comparisons of each kind (born, died, film, same nationality, both an occupation) paired from each "
-        "shared set's train-part gold passages, over real leads (training/pairs.py); source NAME-pairs",
+        help="N comparisons of each kind (born, died, film, same nationality, both an occupation, the profession, "
+        "sport or nationality both share) paired from each shared set's train-part gold passages, over real leads "
+        "(training/pairs.py); source NAME-pairs",
+    )
+    parser.add_argument(
+        "--pair-kinds",
+        type=lambda text: text.split(","),
+        default=list(PAIR_KINDS),
+        help=f"the kinds --pairs makes, comma-separated (default all: {','.join(PAIR_KINDS)})",
     )
     parser.add_argument(
         "--pairs-drawn",
@@ -217,6 +224,8 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--yes-no {args.yes_no}: expected an even count >= 0 (half answered yes, half no)")
     if args.categories_drawn < 0 or (args.categories_drawn and not args.categories):
         parser.error(f"--categories-drawn {args.categories_drawn}: expected a count >= 0, drawn from --categories")
+    if set(args.pair_kinds) - set(PAIR_KINDS):
+        parser.error(f"--pair-kinds {','.join(args.pair_kinds)}: expected some of {','.join(PAIR_KINDS)}")
     if args.pairs < 0 or args.pairs_drawn < 0 or (args.pairs_drawn and not args.pairs):
         parser.error(f"--pairs {args.pairs} --pairs-drawn {args.pairs_drawn}: expected counts >= 0, drawn from --pairs")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -228,7 +237,7 @@ def main(argv: list[str] | None = None) -> Path:
         args.seeds, args.entities, args.per_family, args.shared, out.parent, args.ranked, args.categories
     )
     for name in args.shared if args.pairs else ():
-        paired = paired_questions(name, args.pairs)
+        paired = paired_questions(name, args.pairs, kinds=args.pair_kinds)
         gold.questions += paired.questions
         gold.skipped += paired.skipped
     drop_undecided_comparisons(gold)

@@ -25,7 +25,7 @@ import functools
 import random
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ps_agent.questions import SHARED_DATA, read_split
@@ -48,6 +48,9 @@ SOURCE_SUFFIX = "-pairs"
 
 #: a paired question, its answer, and the check its answer turn spells out where ``answer_verdict`` has none
 Asked = tuple[str, str, str | None]
+
+#: what ``paired_questions`` asks, by default all of it
+PAIR_KINDS = ("born", "died", "film", "nationality", "occupation", "shared", "demonym")
 
 #: the passages a kind is paired from, where they are another kind's
 _POOL = {"shared": "occupation", "demonym": "nationality"}
@@ -148,11 +151,12 @@ def _plural(noun: str) -> str:
     return f"{noun[:-3]}men" if noun.endswith("man") else f"{noun}s"
 
 
-def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARED_DATA) -> GoldSet:
-    """Up to ``per_kind`` questions of each kind (``born``, ``died``, ``film``, ``nationality``, ``occupation``,
-    ``shared``, ``demonym``)
-    over pairs of the train part's gold passages of the shared set ``name``, as gold questions of the source
-    ``NAME-pairs``; the pairs a check does not decide are counted in ``skipped``."""
+def paired_questions(
+    name: str, per_kind: int, seed: int = 0, root: Path = SHARED_DATA, kinds: Sequence[str] = PAIR_KINDS
+) -> GoldSet:
+    """Up to ``per_kind`` questions of each of ``kinds`` (``PAIR_KINDS``) over pairs of the train part's gold
+    passages of the shared set ``name``, as gold questions of the source ``NAME-pairs``; the pairs a check does not
+    decide are counted in ``skipped``."""
     gold = GoldSet()
     folder = root / name
     if not (folder / "dev.jsonl").is_file() or not (folder / "corpus.jsonl").is_file():
@@ -179,7 +183,7 @@ def paired_questions(name: str, per_kind: int, seed: int = 0, root: Path = SHARE
         "shared": _shared_occupation,
         "demonym": _shared_demonym,
     }
-    for kind, make in makers.items():
+    for kind, make in ((k, makers[k]) for k in kinds):
         ids, made, seen, answers = pool.get(_POOL.get(kind, kind), []), 0, set(), Counter()
         for _ in range(per_kind * 20 if len(ids) > 1 else 0):
             if made >= per_kind:
