@@ -102,6 +102,17 @@ def test_what_both_share_is_asked_where_the_leads_name_exactly_one_value_in_comm
                for q in gold.questions if kind_of(q) == "demonym"}  # fmt: skip
     assert nations == {("American", "Al Voss", "Cy Ward"), ("English", "Ed Ross", "Fi Kerr")}, nations
 
+    italians = {"Gi Moro": "Gi Moro (born 1950) is an Italian-American singer.",
+                "Ho Bini": "Ho Bini (born 1960) is an Italian painter."}  # fmt: skip
+    write_set(tmp_path / "italians", italians)
+    assert not [q for q in paired_questions("italians", 6, root=tmp_path).questions if kind_of(q) == "demonym"]
+
+
+def test_one_pair_of_each_kind_is_made_when_one_is_asked_for(tmp_path):
+    write_set(tmp_path / "set", PEOPLE | FILMS)
+    kinds = Counter(kind_of(q) for q in paired_questions("set", per_kind=1, root=tmp_path).questions)
+    assert kinds == {k: 1 for k in ("born", "died", "film", "nationality", "occupation", "shared", "demonym")}, kinds
+
 
 def test_a_missing_shared_set_is_counted_not_raised(tmp_path):
     gold = paired_questions("absent", per_kind=3, root=tmp_path)

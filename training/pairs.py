@@ -196,8 +196,8 @@ def paired_questions(
             if asked is None:
                 continue
             question, answer, check = asked
-            if answers[answer] >= (per_kind + 1) // (2 if answer in ("yes", "no") else 3):
-                continue  # a yes/no kind: half of each; a value: a third at most (not every nationality American)
+            if answers[answer] >= _most(kind, answer, per_kind):
+                continue
             record = {
                 "question": question, "golden_answers": [answer], "type": "comparison",
                 "supporting_titles": [_title(passages[a], plain=False), _title(passages[b], plain=False)],
@@ -214,6 +214,14 @@ def paired_questions(
             answers[answer] += 1
             made += 1
     return gold
+
+
+def _most(kind: str, answer: str, per_kind: int) -> int:
+    """How many of a kind's ``per_kind`` questions may have ``answer``: half for yes and for no, a third (at least
+    one) for a value both share (not every nationality American), all for a name."""
+    if answer in ("yes", "no"):
+        return (per_kind + 1) // 2
+    return max(1, (per_kind + 1) // 3) if kind in ("shared", "demonym") else per_kind
 
 
 def _title(contents: str, plain: bool = True) -> str:
@@ -265,8 +273,9 @@ def _shared_occupation(a: str, b: str, name_a: str, name_b: str, rng: random.Ran
 
 def _shared_demonym(a: str, b: str, name_a: str, name_b: str, rng: random.Random) -> Asked | None:
     """The nationality both first sentences name by the same demonym (``English``)."""
-    first, second = demonym(quote(a)), demonym(quote(b))
-    if first is None or first != second or any(re.search(rf"\b{first}-", quote(p)) for p in (a, b)):
+    quotes = quote(a), quote(b)
+    first, second = (demonym(q) for q in quotes)
+    if first is None or first != second or any(re.search(rf"\b{first}-", q) for q in quotes):
         return None  # none, two, or "Italian-American"
     check = f"The question asks what nationality both share. {name_a}: {first}; {name_b}: {second}. Both: {first}."
     return rng.choice(_SHARED["nationality"]).format(a=name_a, b=name_b), first, check
