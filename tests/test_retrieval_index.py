@@ -42,11 +42,14 @@ def passages() -> list[Passage]:
     return load_embedded_corpus()[:N]
 
 
-@pytest.fixture(scope="module")
-def corpus(passages, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+def write_corpus(path: Path, passages: list[Passage]) -> Path:
     path.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
     return path
+
+
+@pytest.fixture(scope="module")
+def corpus(passages, tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", passages)
 
 
 @pytest.fixture(scope="module")
@@ -312,8 +315,7 @@ def test_an_interrupted_build_continues_where_it_stopped(corpus, built, tmp_path
 
 @pytest.mark.parametrize("started", ["float32", "bfloat16"])  # on any CPU, one of them is not what auto picks
 def test_a_continued_build_encodes_in_the_dtype_it_started_in_and_refuses_another_by_name(passages, tmp_path, started):
-    corpus = tmp_path / "corpus.jsonl"  # 40 passages in 3 shards: a CPU without native bf16 encodes it slowly
-    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages[:40]))
+    corpus = write_corpus(tmp_path / "corpus.jsonl", passages[:40])  # 3 shards: a CPU without native bf16 is slow
     out = tmp_path / "index"
     build_index(corpus, out, ["flat"], progress=False, shard_size=16, dtype=started)
     first = np.load(out / "embeddings" / "00002.npy")
