@@ -57,8 +57,13 @@ def eval_run(tmp_path_factory):
 
 
 def open_page(browser, path: Path) -> None:
+    """Open the page and wait until its script has drawn it: under the full suite's load (three workers on two
+    cores) the page once read no ``data-ready`` right after ``get`` (alone, the test passed three times in three).
+    A script that fails never sets it, and the wait raises ``TimeoutException``."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get(path.resolve().as_uri())
-    assert browser.execute_script("return document.body.dataset.ready") == "true"
+    WebDriverWait(browser, 60).until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
 
 
 def choose(browser, select_id: str, value: str) -> None:
