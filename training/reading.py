@@ -65,6 +65,12 @@ def normalised(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
 
 
+def asks_same(question: str) -> bool:
+    """Whether a yes/no question asks if two things are the same ("Do X and Y have the same nationality?"); the
+    others ask whether both have a property ("Are X and Y both magazines?")."""
+    return bool(re.search(r"\bsame\b", question, re.IGNORECASE))
+
+
 def mentioned(title: str, question: str) -> bool:
     """A supporting title (its parenthesised qualifier dropped) appears in the question."""
     name = normalised(re.sub(r"\(.*?\)", "", title))

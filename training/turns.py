@@ -24,6 +24,7 @@ from training.reading import (
     TIME_WORDS,
     asked_direction,
     asked_phrase,
+    asks_same,
     finding_value,
     key_words,
     mentioned,
@@ -289,7 +290,7 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
     listed = (
         "; ".join(f"{s['sub_question']}: {v}" for s, v in zip(steps, values, strict=True)) if named else _and(values)
     )
-    if re.search(r"\bsame\b", question, re.IGNORECASE):
+    if asks_same(question):
         yes = len({normalised(v) for v in values}) == 1
         check = f"The question asks whether they are the same. {listed}: {'the same' if yes else 'different'}."
     else:
@@ -309,17 +310,25 @@ def yes_no_verdict(question: str, steps: Sequence[dict[str, Any]], answer: str) 
 
 
 def yes_no_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) -> str | None:
-    """The check a think turn spells out before answering yes or no when the findings are quoted sentences:
-    for "the same country / nationality", the country each sentence names (``Jerome Storm: United States;
-    Andrés Wood: Chile: different.``); for "both <property>", whether each sentence holds every content word of
-    the property (``Muzzle: yes; Screaming Trees: not stated. Not both.``). None when a name is not in the
-    question, a country cannot be read, or the check does not give ``answer``: a check the passages do not
-    bear out would teach guessing."""
+    """The check a think turn spells out before answering yes or no when the findings are quoted sentences
+    (``read_yes_no``), or None when it does not give ``answer``: a check the passages do not bear out would teach
+    guessing."""
+    read = read_yes_no(question, steps)
+    return read[0] if read and read[1] == (answer.lower() == "yes") else None
+
+
+def read_yes_no(question: str, steps: Sequence[dict[str, Any]]) -> tuple[str, bool] | None:
+    """What two quoted sentences say to a yes/no question, and whether that is yes: for "the same country /
+    nationality", the country each sentence names (``Jerome Storm: United States; Andrés Wood: Chile:
+    different.``); for "both <property>", whether each sentence holds every content word of the property
+    (``Muzzle: yes; Screaming Trees: not stated. Not both.``). None when a name is not in the question or a
+    country cannot be read. ``benchmarks/yes_no_rules.py`` measures how often each reading agrees with the train
+    parts' answers."""
     names = [plain_title(s["sub_question"]) for s in steps]
     lowered = question.lower()
     if any(name.lower() not in lowered for name in names):
         return None
-    if re.search(r"\bsame\b", question, re.IGNORECASE):
+    if asks_same(question):
         if not re.search(r"\b(country|countries|nationality|nation)\b", question, re.IGNORECASE):
             return None
         nations = [nation_in(s["finding"]) for s in steps]
@@ -327,22 +336,19 @@ def yes_no_reading(question: str, steps: Sequence[dict[str, Any]], answer: str) 
             return None
         yes = len(set(nations)) == 1
         listed = "; ".join(f"{name}: {nation}" for name, nation in zip(names, nations, strict=True))
-        check = (
-            f"The question asks whether they are from the same country. {listed}: {'the same' if yes else 'different'}."
-        )
-    else:
-        end = max(lowered.index(name.lower()) + len(name) for name in names)
-        tail = re.sub(r"^[\s,]*(both\s+)?", "", question[end:]).strip(" ?.")
-        wanted = key_words(tail, singular=True)
-        if not wanted or len(wanted) > 4:
-            return None
-        holds = [wanted <= key_words(s["finding"], singular=True) for s in steps]
-        aux = question.split()[0].lower()
-        asked = f"both {tail}" if aux in ("do", "does", "did") else f"both {aux} {tail}"
-        yes = all(holds)
-        listed = "; ".join(f"{name}: {'yes' if h else 'not stated'}" for name, h in zip(names, holds, strict=True))
-        check = f"The question asks whether {asked}. {listed}. {'Both' if yes else 'Not both'}."
-    return check if yes == (answer.lower() == "yes") else None
+        verdict = "the same" if yes else "different"
+        return f"The question asks whether they are from the same country. {listed}: {verdict}.", yes
+    end = max(lowered.index(name.lower()) + len(name) for name in names)
+    tail = re.sub(r"^[\s,]*(both\s+)?", "", question[end:]).strip(" ?.")
+    wanted = key_words(tail, singular=True)
+    if not wanted or len(wanted) > 4:
+        return None
+    holds = [wanted <= key_words(s["finding"], singular=True) for s in steps]
+    aux = question.split()[0].lower()
+    asked = f"both {tail}" if aux in ("do", "does", "did") else f"both {aux} {tail}"
+    yes = all(holds)
+    listed = "; ".join(f"{name}: {'yes' if h else 'not stated'}" for name, h in zip(names, holds, strict=True))
+    return f"The question asks whether {asked}. {listed}. {'Both' if yes else 'Not both'}.", yes
 
 
 def title_check(q: GoldQuestion) -> str | None:
