@@ -9,7 +9,13 @@ each shared set's train and validation parts, what the reading says against the 
 other sources answer the same forms: the synthetic worlds (half yes, half no, by a value their passages state) and
 the pairs over real leads (``gold.py --pairs``, kind ``occupation``: "no" where a lead does not state it).
 
-    python benchmarks/yes_no_rules.py [--seeds 101 102 103 104] [--pairs 60] [--out benchmarks/results/yes_no_rules]
+Each ``--run NAME=DIR[:MODE]`` (a ``ps-agent eval`` folder, as in ``paper_table.py``) adds what that policy
+answered to the real yes/no questions it was asked, by real answer and by the check its answer turn spelt out
+(``check_kind``): the real questions' reading (``not stated``), the synthetic worlds' check of the value asked
+(``The question asks whether both are "magazine". … : not both.``), a "the same" check, or none.
+
+    python benchmarks/yes_no_rules.py [--seeds 101 102 103 104] [--pairs 60] [--run NAME=DIR ...] \
+        [--out benchmarks/results/yes_no_rules]
 
 Decide on the train rows; the validation rows are there to report, not to tune on. Writes ``OUT.md`` and
 ``OUT.json``.
@@ -18,6 +24,7 @@ Decide on the train rows; the validation rows are there to report, not to tune o
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -28,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, save  # noqa: E402
+from benchmarks.common import RESULTS, Run, save  # noqa: E402
 from ps_agent.questions import SHARED_DATA, yes_no  # noqa: E402
 from training.pairs import paired_questions  # noqa: E402
 from training.plans import WORLD_ENTITIES, WORLD_PER_FAMILY, GoldQuestion, shared_questions, synthetic_questions  # noqa: E402
@@ -76,6 +83,33 @@ def agreement(cells: dict[str, int]) -> dict[str, Any]:
     }
 
 
+def check_kind(turn: str) -> str:
+    """Which check an answer turn spelt out before a yes/no answer: ``reading`` (the real questions' "not stated"
+    or "yes" per name), ``value`` (the synthetic worlds' ``The question asks whether both are "X"``), ``same``
+    (whether two values are the same, a country's included), or ``none``."""
+    if re.search(r'The question asks whether both are "', turn):
+        return "value"
+    if re.search(r"The question asks whether (they are|they are from) the same", turn):
+        return "same"
+    if re.search(r"The question asks whether both .*: (yes|not stated)[;.]", turn):
+        return "reading"
+    return "none"
+
+
+def answered(run: Run) -> dict[str, dict[str, int]]:
+    """Per form, a run's real yes/no questions by real answer, its answer and the check it spelt out."""
+    counts: dict[str, Counter] = {"both": Counter(), "same": Counter()}
+    for record in run.records():
+        gold = yes_no(record["golden_answers"])
+        if gold is None:
+            continue
+        turns = (record.get("timeline") or {}).get("turns") or [{}]
+        said = (record.get("answer") or "").strip().lower()
+        said = said if said in ("yes", "no") else "other"
+        counts[form(record["question"])][f"{gold}, answered {said}, {check_kind(turns[-1].get('completion', ''))}"] += 1
+    return {name: dict(sorted(c.items())) for name, c in counts.items()}
+
+
 def measure(seeds: list[int], pairs: int, root: Path = SHARED_DATA) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for name in SETS:
@@ -94,6 +128,24 @@ def measure(seeds: list[int], pairs: int, root: Path = SHARED_DATA) -> dict[str,
         cells = tally(paired_questions(name, pairs, root=root, kinds=("occupation", "nationality")).questions)
         rows[f"{name} pairs ({pairs} a kind)"] = {f: {"cells": c, **agreement(c)} for f, c in cells.items()}
     return rows
+
+
+def runs_page(runs: dict[str, Any]) -> str:
+    lines = [
+        "",
+        "## What each policy answered, and with which check",
+        "",
+        "Per run and form: real answer, the policy's answer, and the check its answer turn spelt out (`reading`: "
+        "the real questions' \"not stated\"; `value`: the synthetic worlds' `The question asks whether both are "
+        '"X"`; `same`; `none`).',
+        "",
+        "| run | form | cells |",
+        "|---|---|---|",
+    ]
+    for name, forms in runs.items():
+        for form_name, cells in forms.items():
+            lines.append(f"| {name} | {form_name} | {'; '.join(f'{k}: {v}' for k, v in cells.items()) or 'none'} |")
+    return "\n".join(lines) + "\n"
 
 
 def page(rows: dict[str, Any], command: str) -> str:
@@ -123,15 +175,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[101, 102, 103, 104], help="synthetic worlds")
     parser.add_argument("--pairs", type=int, default=60, help="pairs of each kind over real leads (0: none)")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared sets' folder")
+    parser.add_argument("--run", action="append", default=[], help="NAME=DIR[:MODE], repeatable: an eval folder")
     parser.add_argument("--out", type=Path, default=RESULTS / "yes_no_rules")
     args = parser.parse_args(argv)
     if args.pairs < 0:
         parser.error(f"--pairs {args.pairs}: expected a count >= 0")
-    command = "python benchmarks/yes_no_rules.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        runs = {run.name: answered(run) for run in map(Run.parse, args.run)}
+    except ValueError as exc:
+        parser.error(str(exc))
+    command = ("python benchmarks/yes_no_rules.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     rows = measure(args.seeds, args.pairs, args.data)
-    save(args.out, {"command": command.strip(), "rows": rows}, page(rows, command.strip()))
-    print(page(rows, command.strip()))
-    return rows
+    text = page(rows, command) + (runs_page(runs) if runs else "")
+    save(args.out, {"command": command, "rows": rows, "runs": runs}, text)
+    print(text)
+    return {"rows": rows, "runs": runs}
 
 
 if __name__ == "__main__":

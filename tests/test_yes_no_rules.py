@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
-from benchmarks.yes_no_rules import agreement, form, main, tally
+from benchmarks.yes_no_rules import agreement, check_kind, form, main, tally
 from training.gold import limit_both_no
 from training.gold import main as gold_main
 from training.plans import WORLD_ENTITIES, WORLD_PER_FAMILY, GoldQuestion, synthetic_questions
@@ -63,7 +64,7 @@ def test_the_tally_counts_each_answer_by_what_the_reading_says():
 
 
 def test_the_benchmark_reads_the_shared_parts_and_writes_its_page(tmp_path):
-    rows = main(["--seeds", "101", "--pairs", "4", "--out", str(tmp_path / "rules")])
+    rows = main(["--seeds", "101", "--pairs", "4", "--out", str(tmp_path / "rules")])["rows"]
     assert {"hotpotqa train", "hotpotqa validation", "2wikimultihopqa train", "synthetic worlds 101"} <= set(rows)
     for source, forms in rows.items():
         for row in forms.values():
@@ -118,3 +119,39 @@ def test_made_both_questions_answered_no_are_kept_to_the_share_asked(tmp_path, c
         assert f"--both-no-share {float(bad)}: expected a share from 0 up to, not including, 1" in (
             capsys.readouterr().err
         )
+
+
+def test_a_policys_yes_no_answers_are_counted_by_the_check_it_spelt_out(tmp_path, capsys):
+    assert check_kind('The question asks whether both are "Armenian". Armenian and Armenian-American: not both.') == (
+        "value"
+    )
+    assert check_kind("The question asks whether both are magazines. A: yes; B: not stated. Not both.") == "reading"
+    assert check_kind("The question asks whether they are from the same country. A: Chile; B: Peru: different.") == (
+        "same"
+    )
+    assert check_kind("<think> I found A and B. So the answer is yes. </think>") == "none"
+    lines = [
+        ("Are A and B both magazines?", "yes", "no", 'The question asks whether both are "magazine". x: not both.'),
+        ("Are A and B both magazines?", "no", "yes", "So the answer is yes."),
+        ("Are C and D from the same country?", "no", "no", "The question asks whether they are the same. E: x"),
+        ("Which is older, A or B?", "A", "A", "The question asks for the earliest."),
+    ]
+    records = [
+        {"id": str(i), "dataset": "hotpotqa", "mode": "parallel", "question": q, "golden_answers": [gold],
+         "question_class": "parallelisable", "error": None, "answer": said, "em": float(said == gold),
+         "timeline": {"turns": [{"completion": turn}]}}
+        for i, (q, gold, said, turn) in enumerate(lines)
+    ]  # fmt: skip
+    (tmp_path / "run" / "results").mkdir(parents=True)
+    (tmp_path / "run" / "results" / "hotpotqa.parallel.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records)
+    )
+    out = main(["--seeds", "101", "--pairs", "0", "--run", f"v={tmp_path / 'run'}", "--out", str(tmp_path / "r")])
+    assert out["runs"]["v"] == {
+        "both": {"no, answered yes, none": 1, "yes, answered no, value": 1},
+        "same": {"no, answered no, same": 1},
+    }
+    assert "| v | both | no, answered yes, none: 1; yes, answered no, value: 1 |" in (tmp_path / "r.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--pairs", "0", "--run", f"v={tmp_path}", "--out", str(tmp_path / "r")])
+    assert "has no results/ folder" in capsys.readouterr().err
