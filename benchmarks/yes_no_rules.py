@@ -7,7 +7,8 @@ content word of the property ("not stated" where one does not). With ``--checked
 question only where that reading gives its answer, so the policy learns the reading as a rule. This counts, for
 each shared set's train and validation parts, what the reading says against the real answer, beside how the gold's
 other sources answer the same forms: the synthetic worlds (half yes, half no, by a value their passages state) and
-the pairs over real leads (``gold.py --pairs``, kind ``occupation``: "no" where a lead does not state it).
+the pairs over real leads (``gold.py --pairs``, kinds ``occupation``, "no" where a lead does not state it, and
+``nationality``).
 
 Each ``--run NAME=DIR[:MODE]`` (a ``ps-agent eval`` folder, as in ``paper_table.py``) adds what that policy
 answered to the real yes/no questions it was asked, by real answer and by the check its answer turn spelt out
