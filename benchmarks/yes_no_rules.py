@@ -52,20 +52,25 @@ def form(question: str) -> str:
     return "same" if asks_same(question) else "both"
 
 
+def by_form(cells: Iterable[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """``(question, cell)`` pairs counted per form (``both``, ``same``), each form's cells sorted."""
+    counts: dict[str, Counter] = {"both": Counter(), "same": Counter()}
+    for question, cell in cells:
+        counts[form(question)][cell] += 1
+    return {name: dict(sorted(c.items())) for name, c in counts.items()}
+
+
 def tally(questions: Iterable[GoldQuestion], read: bool = True) -> dict[str, dict[str, int]]:
     """Per form, the yes/no questions by real answer and by what the reading of their last round says
     (``yes``, ``no``, or ``undecided`` where it reads nothing); ``read`` False counts the answers alone."""
-    counts: dict[str, Counter] = {"both": Counter(), "same": Counter()}
-    for q in questions:
-        answer = yes_no(q.golden_answers)
-        if answer is None:
-            continue
-        said = "undecided"
-        if read and len(q.plan[-1]) == 2:
-            verdict = read_yes_no(q.question, q.plan[-1])
-            said = "undecided" if verdict is None else "yes" if verdict[1] else "no"
-        counts[form(q.question)][f"{answer}, read {said}" if read else answer] += 1
-    return {name: dict(sorted(c.items())) for name, c in counts.items()}
+
+    def cell(q: GoldQuestion, answer: str) -> str:
+        if not read:
+            return answer
+        verdict = read_yes_no(q.question, q.plan[-1]) if len(q.plan[-1]) == 2 else None
+        return f"{answer}, read {'undecided' if verdict is None else 'yes' if verdict[1] else 'no'}"
+
+    return by_form((q.question, cell(q, a)) for q in questions if (a := yes_no(q.golden_answers)))
 
 
 def agreement(cells: dict[str, int]) -> dict[str, Any]:
@@ -90,7 +95,7 @@ def check_kind(turn: str) -> str:
     (whether two values are the same, a country's included), or ``none``."""
     if re.search(r'The question asks whether both are "', turn):
         return "value"
-    if re.search(r"The question asks whether (they are|they are from) the same", turn):
+    if re.search(r"The question asks whether they are (from )?the same", turn):
         return "same"
     if re.search(r"The question asks whether both .*: (yes|not stated)[;.]", turn):
         return "reading"
@@ -99,16 +104,14 @@ def check_kind(turn: str) -> str:
 
 def answered(run: Run) -> dict[str, dict[str, int]]:
     """Per form, a run's real yes/no questions by real answer, its answer and the check it spelt out."""
-    counts: dict[str, Counter] = {"both": Counter(), "same": Counter()}
-    for record in run.records():
-        gold = yes_no(record["golden_answers"])
-        if gold is None:
-            continue
+
+    def cell(record: dict[str, Any], gold: str) -> str:
         turns = (record.get("timeline") or {}).get("turns") or [{}]
         said = (record.get("answer") or "").strip().lower()
         said = said if said in ("yes", "no") else "other"
-        counts[form(record["question"])][f"{gold}, answered {said}, {check_kind(turns[-1].get('completion', ''))}"] += 1
-    return {name: dict(sorted(c.items())) for name, c in counts.items()}
+        return f"{gold}, answered {said}, {check_kind(turns[-1].get('completion', ''))}"
+
+    return by_form((r["question"], cell(r, g)) for r in run.records() if (g := yes_no(r["golden_answers"])))
 
 
 def measure(seeds: list[int], pairs: int, root: Path = SHARED_DATA) -> dict[str, Any]:

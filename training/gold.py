@@ -315,10 +315,8 @@ def limit_both_no(gold: GoldSet, share: float) -> None:
     answers "not both" to real questions whose two values differ in words ("Armenian and Armenian-American")."""
     made = [q for q in gold.questions if q.source == "synthetic" or q.source.endswith(SOURCE_SUFFIX)]
     both = [q for q in made if yes_no(q.golden_answers) and not asks_same(q.question)]
-    allowed: Counter = Counter()
-    for q in both:
-        allowed[q.source] += yes_no(q.golden_answers) == "yes"
-    allowed = Counter({source: int(yes * share / (1 - share)) for source, yes in allowed.items()})
+    yes = Counter(q.source for q in both if yes_no(q.golden_answers) == "yes")
+    allowed = Counter({source: int(n * share / (1 - share)) for source, n in yes.items()})
     dropped = set()
     for q in both:
         if yes_no(q.golden_answers) == "no":
