@@ -16,7 +16,16 @@ from ps_agent.llms import context_ids
 from ps_agent.protocol import is_well_formed_turn, parse_action
 from ps_agent.questions import split_part
 from ps_agent.synthetic import generate
-from training.gold import build_episodes, continuation_set, episode, main, summary, unchecked_yes_no
+from training.gold import (
+    build_episodes,
+    capped,
+    continuation_set,
+    episode,
+    left_out,
+    main,
+    summary,
+    unchecked_yes_no,
+)
 from training.plans import (
     WORLD_ENTITIES,
     WORLD_PER_FAMILY,
@@ -916,3 +925,30 @@ def test_a_clipped_quote_is_cut_between_names_and_dates_and_ends_on_a_content_wo
     more = " ".join(f"w{i}" for i in range(26))
     kept = f'"Jo"\nJo {more} was the son of Boyd Merriman, 1st Baron Merriman, a judge.'
     assert "son of Boyd Merriman, 1st Baron Merriman" in quote(kept, "Boyd Merriman, 1st Baron Merriman")
+
+
+def test_a_cap_by_source_and_class_reports_what_it_kept_and_what_it_left_out():
+    """Issue 25: a gold capped with ``--per-source-class N`` says, per source and class, what it kept and how many
+    it left out and why, so a retrain's make-up can be read from its summary."""
+    born = [{"sub_question": "A", "finding": "A (born 1901)"}, {"sub_question": "B", "finding": "B (born 1899)"}]
+    questions = [
+        *(GoldQuestion(f"syn-{i}", "Which is older?", ["B"], "comparison", [born], "synthetic", "c") for i in range(5)),
+        *(GoldQuestion(f"pair-{i}", "Which is older?", ["B"], "comparison", [born], "hotpotqa-pairs", "c")
+          for i in range(2)),
+        *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [born[:1]], "synthetic", "c") for i in range(4)),
+    ]  # fmt: skip
+    classes = {"comparison": "parallelisable", "bridge": "sequential"}
+    episodes = [
+        {"id": q.id, "source": q.source, "question_class": classes[q.type], "prompt_ids": [1], "completion_ids": [2],
+         "env_mask": [1]}
+        for q in questions
+    ]  # fmt: skip
+    kept = capped(episodes, 3)
+    skipped = left_out(episodes, kept, "beyond --per-source-class 3")
+    assert skipped == Counter({"synthetic, parallelisable: beyond --per-source-class 3": 2,
+                               "synthetic, sequential: beyond --per-source-class 3": 1})  # fmt: skip
+    report = summary(GoldSet(questions), kept, skipped, len(episodes))
+    assert report["by_source_class"] == {
+        "synthetic, parallelisable": 3, "hotpotqa-pairs, parallelisable": 2, "synthetic, sequential": 3,
+    }  # fmt: skip
+    assert report["skipped_episodes"]["synthetic, parallelisable: beyond --per-source-class 3"] == 2

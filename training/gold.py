@@ -272,9 +272,13 @@ def main(argv: list[str] | None = None) -> Path:
     draw |= {"category": args.categories_drawn} if args.categories_drawn else {}
     draw |= {"pair": args.pairs_drawn} if args.pairs_drawn else {}
     if draw:
-        episodes = continuation_set(episodes, by_id, draw, args.per_source_class)
+        selected = continuation_set(episodes, by_id, draw, args.per_source_class)
+        skipped += left_out(episodes, selected, "not drawn into the continuation set")
+        episodes = selected
     elif args.per_source_class:
-        episodes = capped(episodes, args.per_source_class)
+        selected = capped(episodes, args.per_source_class)
+        skipped += left_out(episodes, selected, f"beyond --per-source-class {args.per_source_class}")
+        episodes = selected
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(ep) + "\n" for ep in episodes))
     options = {
@@ -344,6 +348,14 @@ def drawn_kind(q: GoldQuestion) -> str | None:
     return "category" if len(q.plan[-1]) == 2 and "check" in q.plan[-1][0] else None
 
 
+def left_out(episodes: Sequence[dict[str, Any]], kept: Sequence[dict[str, Any]], reason: str) -> Counter:
+    """The built episodes a selection (``capped``, ``continuation_set``) left out, counted by source and class as
+    ``"SOURCE, CLASS: REASON"``, for the summary's ``skipped_episodes``."""
+    counts = Counter((ep["source"], ep["question_class"]) for ep in episodes)
+    counts.subtract(Counter((ep["source"], ep["question_class"]) for ep in kept))
+    return Counter({f"{source}, {cls}: {reason}": n for (source, cls), n in counts.items() if n > 0})
+
+
 def continuation_set(
     episodes: Sequence[dict[str, Any]],
     questions: Mapping[str, GoldQuestion],
@@ -410,6 +422,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "episodes": len(episodes),
         "by_source": dict(Counter(e["source"] for e in episodes)),
         "by_class": dict(Counter(e["question_class"] for e in episodes)),
+        "by_source_class": dict(Counter(f"{e['source']}, {e['question_class']}" for e in episodes)),
         "tokens": sum(tokens),
         "trained_tokens": sum(sum(e["env_mask"]) for e in episodes),
         "max_tokens": max(tokens, default=0),
