@@ -16,7 +16,9 @@ PS_AGENT = shutil.which("ps-agent", path=str(Path(sys.executable).parent)) or "p
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PS_AGENT, *args], capture_output=True, text=True, timeout=300)
+    # A guard against a hang, not a speed bound: the default policy's two turns on a 2-core CPU that is also
+    # training took over 300 s.
+    return subprocess.run([PS_AGENT, *args], capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow

@@ -351,9 +351,9 @@ def drawn_kind(q: GoldQuestion) -> str | None:
 def left_out(episodes: Sequence[dict[str, Any]], kept: Sequence[dict[str, Any]], reason: str) -> Counter:
     """The built episodes a selection (``capped``, ``continuation_set``) left out, counted by source and class as
     ``"SOURCE, CLASS: REASON"``, for the summary's ``skipped_episodes``."""
-    counts = Counter((ep["source"], ep["question_class"]) for ep in episodes)
-    counts.subtract(Counter((ep["source"], ep["question_class"]) for ep in kept))
-    return Counter({f"{source}, {cls}: {reason}": n for (source, cls), n in counts.items() if n > 0})
+    before = Counter(f"{ep['source']}, {ep['question_class']}" for ep in episodes)
+    after = Counter(f"{ep['source']}, {ep['question_class']}" for ep in kept)
+    return Counter({f"{group}: {reason}": n for group, n in (before - after).items()})
 
 
 def continuation_set(
