@@ -14,7 +14,7 @@ import pytest
 from ps_agent import ParallelSearchAgent
 from ps_agent.llms import context_ids
 from ps_agent.protocol import is_well_formed_turn, parse_action
-from ps_agent.questions import split_part
+from ps_agent.questions import question_class, split_part
 from ps_agent.synthetic import generate
 from training.gold import (
     build_episodes,
@@ -410,6 +410,16 @@ def test_the_summary_counts_real_chains_that_end_on_their_answer_and_those_check
     assert report(checked) == {"chains": 1, "checked": 1}
 
 
+def stub_episodes(questions: list[GoldQuestion]) -> list[dict]:
+    """Test double: one token-less episode per question, with its source and class, for the selection and the
+    summary."""
+    return [
+        {"id": q.id, "source": q.source, "question_class": question_class(q.type), "prompt_ids": [1],
+         "completion_ids": [2], "env_mask": [1]}
+        for q in questions
+    ]  # fmt: skip
+
+
 def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_sets_first_beside_capped_others(capsys):
     """Issue 25: the default policy answers yes to most questions whose answer is no; ``--yes-no N`` draws N/2 of
     each, never an unchecked one, and caps the rest by source and class as a rehearsal of what it knew."""
@@ -429,12 +439,7 @@ def test_a_yes_no_continuation_set_draws_as_many_checked_no_as_yes_the_shared_se
           for i in range(5)),
         *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [bands[:1]], "synthetic", "c") for i in range(5)),
     ]  # fmt: skip
-    classes = {"comparison": "parallelisable", "bridge": "sequential"}
-    episodes = [
-        {"id": q.id, "source": q.source, "question_class": classes[q.type], "prompt_ids": [1], "completion_ids": [2],
-         "env_mask": [1]}
-        for q in questions
-    ]  # fmt: skip
+    episodes = stub_episodes(questions)
     by_id = {q.id: q for q in questions}
 
     assert [q.id for q in questions if unchecked_yes_no(q)] == ["real-unchecked"]  # what --checked-yes-no drops
@@ -468,8 +473,7 @@ def test_a_category_continuation_set_draws_checked_category_comparisons_the_shar
         *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [jobs[:1]], "synthetic", "c") for i in range(5)),
     ]  # fmt: skip
     check_categories(GoldSet(questions))
-    classes = {"comparison": "parallelisable", "bridge": "sequential"}
-    episodes = [{"id": q.id, "source": q.source, "question_class": classes[q.type]} for q in questions]
+    episodes = stub_episodes(questions)
     by_id = {q.id: q for q in questions}
     kept = [ep["id"] for ep in continuation_set(episodes, by_id, {"category": 3}, cap=2)]
     assert "real-category" in kept and sum(i.startswith("syn-category-") for i in kept) == 2, kept
@@ -937,12 +941,7 @@ def test_a_cap_by_source_and_class_reports_what_it_kept_and_what_it_left_out():
           for i in range(2)),
         *(GoldQuestion(f"bridge-{i}", "Who?", ["C"], "bridge", [born[:1]], "synthetic", "c") for i in range(4)),
     ]  # fmt: skip
-    classes = {"comparison": "parallelisable", "bridge": "sequential"}
-    episodes = [
-        {"id": q.id, "source": q.source, "question_class": classes[q.type], "prompt_ids": [1], "completion_ids": [2],
-         "env_mask": [1]}
-        for q in questions
-    ]  # fmt: skip
+    episodes = stub_episodes(questions)
     kept = capped(episodes, 3)
     skipped = left_out(episodes, kept, "beyond --per-source-class 3")
     assert skipped == Counter({"synthetic, parallelisable: beyond --per-source-class 3": 2,

@@ -296,6 +296,11 @@ def main(argv: list[str] | None = None) -> Path:
     return out
 
 
+def source_class(ep: Mapping[str, Any]) -> str:
+    """An episode's group for the caps and the summary: ``"SOURCE, CLASS"``."""
+    return f"{ep['source']}, {ep['question_class']}"
+
+
 def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
     """At most ``n`` episodes of each (source, class), drawn by a seeded shuffle, then shuffled together."""
     shuffled = list(episodes)
@@ -303,7 +308,7 @@ def capped(episodes: Sequence[dict[str, Any]], n: int, seed: int = 0) -> list[di
     taken: Counter = Counter()
     kept = []
     for ep in shuffled:
-        key = (ep["source"], ep["question_class"])
+        key = source_class(ep)
         if taken[key] < n:
             taken[key] += 1
             kept.append(ep)
@@ -351,9 +356,8 @@ def drawn_kind(q: GoldQuestion) -> str | None:
 def left_out(episodes: Sequence[dict[str, Any]], kept: Sequence[dict[str, Any]], reason: str) -> Counter:
     """The built episodes a selection (``capped``, ``continuation_set``) left out, counted by source and class as
     ``"SOURCE, CLASS: REASON"``, for the summary's ``skipped_episodes``."""
-    before = Counter(f"{ep['source']}, {ep['question_class']}" for ep in episodes)
-    after = Counter(f"{ep['source']}, {ep['question_class']}" for ep in kept)
-    return Counter({f"{group}: {reason}": n for group, n in (before - after).items()})
+    gone = Counter(map(source_class, episodes)) - Counter(map(source_class, kept))
+    return Counter({f"{group}: {reason}": n for group, n in gone.items()})
 
 
 def continuation_set(
@@ -422,7 +426,7 @@ def summary(gold: GoldSet, episodes: Sequence[dict[str, Any]], skipped: Counter,
         "episodes": len(episodes),
         "by_source": dict(Counter(e["source"] for e in episodes)),
         "by_class": dict(Counter(e["question_class"] for e in episodes)),
-        "by_source_class": dict(Counter(f"{e['source']}, {e['question_class']}" for e in episodes)),
+        "by_source_class": dict(Counter(map(source_class, episodes))),
         "tokens": sum(tokens),
         "trained_tokens": sum(sum(e["env_mask"]) for e in episodes),
         "max_tokens": max(tokens, default=0),
